@@ -1,0 +1,36 @@
+"""localcluster: run a distributed, epoch-based job on one machine.
+
+Describe the job with the job model (Nodes, TaskGroups of Tasks whose
+steps are nets of numpy operators) and run it with `LocalSession`
+(in-process) -- see README.md and the public API below.
+"""
+
+from . import errors, printer
+from .errors import (BlobNotFoundError, CheckpointError, LocalClusterError,
+                     NodeFailedError, PlanError, RunTimeoutError,
+                     SessionClosedError, TaskFailedError)
+from .kernels import register_op
+from .plan import (BlobRef, ExecutionStep, Net, NetBuilder, SetupNets,
+                   execution_step, ops, to_execution_step)
+from .sessions import LocalSession, Session
+from .task import (Cluster, Node, Task, TaskGroup, TaskOutput, WorkspaceType,
+                   final_output)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # plans
+    "BlobRef", "Net", "ExecutionStep", "execution_step", "to_execution_step",
+    "NetBuilder", "ops", "register_op",
+    # task model
+    "Cluster", "Node", "WorkspaceType", "TaskGroup", "Task", "TaskOutput",
+    "final_output", "SetupNets",
+    # sessions
+    "Session", "LocalSession",
+    # errors
+    "LocalClusterError", "PlanError", "TaskFailedError", "NodeFailedError",
+    "CheckpointError", "SessionClosedError", "RunTimeoutError",
+    "BlobNotFoundError",
+    # modules
+    "errors", "printer",
+]

@@ -1,0 +1,120 @@
+"""Every exception localcluster raises, under one root.
+
+Classes are named by *who* caused the problem: the plan you built
+(`PlanError`), an op that raised inside a node (`TaskFailedError`), a node
+process that died (`NodeFailedError`), a run that took too long
+(`RunTimeoutError`), a session you closed (`SessionClosedError`), a
+checkpoint on disk (`CheckpointError`).  Where a stdlib base fits, it is a
+second base, so ``except ValueError`` still catches a bad plan.
+
+Remote failures keep their meaning: a node's traceback travels back as
+text and becomes the ``__cause__`` of the error raised in the master
+(`RemoteTraceback`), the way ``concurrent.futures`` does it.
+"""
+
+__all__ = [
+    "LocalClusterError",
+    "PlanError",
+    "TaskFailedError",
+    "NodeFailedError",
+    "CheckpointError",
+    "CheckpointWarning",
+    "SessionClosedError",
+    "RunTimeoutError",
+    "BlobNotFoundError",
+    "RemoteTraceback",
+]
+
+
+class LocalClusterError(Exception):
+    """Root of every error raised by localcluster."""
+
+
+class PlanError(LocalClusterError, ValueError):
+    """The plan is invalid; raised when it is built or analyzed, not run."""
+
+
+class BlobNotFoundError(LocalClusterError, KeyError):
+    """A blob was asked for on a node whose workspace does not have it."""
+
+    def __init__(self, name, node, hint=""):
+        self.blob = str(name)
+        self.node = str(node)
+        message = f"blob {self.blob!r} not found on node {self.node!r}"
+        if hint:
+            message += f"; {hint}"
+        super().__init__(message)
+
+    def __str__(self):
+        # KeyError would repr() the message and wrap it in quotes.
+        return self.args[0]
+
+
+class RemoteTraceback(Exception):
+    """The traceback text of an exception raised in another process."""
+
+    def __init__(self, tb_text):
+        self.tb = tb_text
+        super().__init__(tb_text)
+
+    def __str__(self):
+        return self.tb
+
+
+class TaskFailedError(LocalClusterError):
+    """An op raised while a node ran its plan.
+
+    Attributes name where: ``node``, ``task``, ``step``, ``op_type``,
+    ``op_index`` (index of the op in its net) and ``net``; ``traceback_text``
+    is the formatted traceback of the original exception, which is also the
+    ``__cause__`` (the exception itself in-process, a `RemoteTraceback`
+    across processes).
+    """
+
+    def __init__(self, message, *, node=None, task=None, step=None, net=None,
+                 op_type=None, op_index=None, traceback_text=""):
+        super().__init__(message)
+        self.node = node
+        self.task = task
+        self.step = step
+        self.net = net
+        self.op_type = op_type
+        self.op_index = op_index
+        self.traceback_text = traceback_text
+
+    def __reduce__(self):
+        return (_rebuild_task_failed, (self.args[0], self.__dict__.copy()))
+
+
+def _rebuild_task_failed(message, state):
+    err = TaskFailedError(message)
+    err.__dict__.update(state)
+    return err
+
+
+class NodeFailedError(LocalClusterError):
+    """A node process died, or was killed, while the master needed it."""
+
+    def __init__(self, message, *, node=None, exitcode=None, signal_name=None,
+                 last_log_lines=()):
+        super().__init__(message)
+        self.node = node
+        self.exitcode = exitcode
+        self.signal_name = signal_name
+        self.last_log_lines = tuple(last_log_lines)
+
+
+class CheckpointError(LocalClusterError):
+    """A checkpoint could not be written, or failed verification on load."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint could not be written; training went on."""
+
+
+class SessionClosedError(LocalClusterError, RuntimeError):
+    """The session was closed (by you, or because it broke) and cannot run."""
+
+
+class RunTimeoutError(LocalClusterError, TimeoutError):
+    """A run did not finish within its timeout; its work was cancelled."""

@@ -1,0 +1,295 @@
+"""The step executor: runs one node's ExecutionStep tree on a Workspace.
+
+It is host-agnostic -- the same code runs in a LocalSession thread, in a
+forked node process and (later) in an engine's worker -- and knows nothing
+of sessions: a `RunContext` carries the node name, the node's lock, a
+cancellation event and the node's runtime resources (queues), and errors
+leave as exceptions.
+
+Semantics (see `localcluster.plan.step`):
+
+- nets run their ops in order; the step's stop blob is checked after every
+  net and every substep (a missing stop blob counts as false);
+- ``num_iter`` passes, or one pass, or -- with a stop blob -- repeat until
+  it is true (``only_once``: one pass that may end early);
+- concurrent substeps and ``num_concurrent_instances`` copies run on
+  threads, instances each in a private child workspace;
+- substeps with ``run_every_ms`` run on a timer thread beside their
+  siblings and once more after them;
+- the first op that raises sets the run's cancellation event, so every
+  other thread of the node stops at its next op; the error leaves as
+  `TaskFailedError` naming node, task, step, net, op type and index, with
+  the original exception as its cause.  Waits here are bounded by the
+  session, which cancels the run (and, for a process, kills it) when its
+  timeout expires.
+"""
+
+import functools
+import logging
+import threading
+import traceback
+
+import numpy as np
+
+from ..errors import TaskFailedError
+from ..kernels import registry
+from ..kernels.registry import OpContext
+
+__all__ = ["RunContext", "Cancelled", "execute"]
+
+log = logging.getLogger(__name__)
+
+
+class Cancelled(Exception):
+    """Raised inside a run that was cancelled (by a failure or a timeout)."""
+
+
+class RunContext:
+    """What the executor needs of the node it runs on, for one run."""
+
+    def __init__(self, node, lock, cancelled=None, resources=None):
+        self.node = node
+        self.cancelled = cancelled if cancelled is not None \
+            else threading.Event()
+        self.op_context = OpContext(node, lock, self.cancelled,
+                                    resources if resources is not None else {})
+        self._compiled = {}
+        self._compile_lock = threading.Lock()
+
+    def check(self):
+        if self.cancelled.is_set():
+            raise Cancelled(f"run on node {self.node!r} was cancelled")
+
+    def compiled(self, net):
+        """(kernel, inputs, outputs, args, lenient) per op of ``net``."""
+        key = id(net)
+        found = self._compiled.get(key)
+        if found is not None and found[0] is net and found[1] == len(net._ops):
+            return found[2]
+        with self._compile_lock:
+            code = [self._compile_op(op) for op in net._ops]
+            self._compiled[key] = (net, len(net._ops), code)
+        return code
+
+    def _compile_op(self, op):
+        schema = registry.lookup(op.type)
+        if schema is None:
+            raise TaskFailedError(
+                f"op type {op.type!r} is not registered on node {self.node!r};"
+                " register it (register_op) in a module the node imports",
+                node=self.node, op_type=op.type)
+        kernel = schema.fast if (schema.fast is not None and not op.args) \
+            else schema.kernel
+        if schema.context:
+            kernel = functools.partial(kernel, self.op_context.for_op(op))
+        if op.args:
+            kernel = functools.partial(kernel, **op.args)
+        # A Python op may return None to leave its outputs unwritten.
+        lenient = op.type == "Python"
+        single = op.outputs[0] if len(op.outputs) == 1 and not lenient \
+            else None
+        return (kernel, op.inputs, single, op.outputs, lenient)
+
+
+def _fail(rc, exc, task, step, net, index):
+    op = net._ops[index]
+    tb_text = "".join(traceback.format_exception(type(exc), exc,
+                                                 exc.__traceback__))
+    err = TaskFailedError(
+        f"op {op.type} (#{index} of net {net.name!r}) failed on node "
+        f"{rc.node!r} in task {task!r}, step {step.name!r}: "
+        f"{type(exc).__name__}: {exc}",
+        node=rc.node, task=task, step=step.name, net=net.name,
+        op_type=op.type, op_index=index, traceback_text=tb_text)
+    return err
+
+
+def _run_net(net, code, ws, rc, task, step):
+    # Cancellation is checked per net: one op cannot loop, and blocking ops
+    # watch the cancellation event themselves.
+    if rc.cancelled.is_set():
+        raise Cancelled(f"run on node {rc.node!r} was cancelled")
+    get, put = ws.get, ws.set
+    ndarray, asarray = np.ndarray, np.asarray
+    for index, (kernel, inputs, single, outputs, lenient) in enumerate(code):
+        try:
+            result = kernel(*map(get, inputs))
+            if single is not None:  # the common case: exactly one output
+                if result is None:
+                    raise ValueError("returned None for 1 output")
+                put(single, result if type(result) is ndarray
+                    else asarray(result))
+            elif outputs:
+                _store(outputs, result, lenient, put)
+        except Cancelled:
+            raise
+        except Exception as exc:
+            raise _fail(rc, exc, task, step, net, index) from exc
+
+
+def _store(outputs, result, lenient, put):
+    n_out = len(outputs)
+    if result is None:
+        if lenient:
+            return
+        raise ValueError(f"returned None for {n_out} outputs")
+    if n_out == 1:
+        if isinstance(result, (tuple, list)):
+            if len(result) != 1:
+                raise ValueError(f"returned {len(result)} values for 1 output")
+            result = result[0]
+        put(outputs[0], np.asarray(result))
+        return
+    if not isinstance(result, (tuple, list)) or len(result) != n_out:
+        raise ValueError(f"returned {_describe(result)} for {n_out} outputs")
+    for name, value in zip(outputs, result):
+        put(name, np.asarray(value))
+
+
+def _describe(result):
+    if isinstance(result, (tuple, list)):
+        return f"{len(result)} values"
+    return f"one {type(result).__name__}"
+
+
+def _stopped(step, ws):
+    if step.should_stop_blob is None:
+        return False
+    value = ws.get_or_none(step.should_stop_blob)
+    if value is None:
+        return False
+    return bool(value) if value.size == 1 else bool(value.any())
+
+
+def execute(step, ws, rc, task=None):
+    """Run ``step`` on workspace ``ws``; raises on failure or cancellation."""
+    task = step.task or task
+    if step.create_workspace:
+        ws = ws.child()
+    n = step.num_concurrent_instances
+    if n is None:
+        _iterate(step, ws, rc, task)
+    elif n == 1:
+        _iterate(step, ws.child(), rc, task)
+    else:
+        run_concurrently(
+            [functools.partial(_iterate, step, ws.child(), rc, task)
+             for _ in range(n)],
+            rc, f"{step.name}:instance")
+
+
+def _iterate(step, ws, rc, task):
+    periodic = [s for s in step.substeps if s.run_every_ms]
+    regular = [s for s in step.substeps if not s.run_every_ms] \
+        if periodic else step.substeps
+    if not periodic:
+        _passes(step, regular, ws, rc, task)
+        return
+    reporters = _Reporters(periodic, ws, rc, task)
+    try:
+        _passes(step, regular, ws, rc, task)
+    except BaseException:
+        reporters.finish(run_once_more=False)
+        reporters.raise_errors(real_only=True)  # then it is the real cause
+        raise
+    reporters.finish(run_once_more=True)
+    reporters.raise_errors()
+
+
+def _passes(step, regular, ws, rc, task):
+    if step.num_iter is not None:
+        limit = step.num_iter
+    elif step.should_stop_blob is None or step.only_once:
+        limit = 1
+    else:
+        limit = None
+    nets = [(net, rc.compiled(net)) for net in step.nets]
+    i = 0
+    while limit is None or i < limit:
+        rc.check()
+        if nets:
+            for net, code in nets:
+                _run_net(net, code, ws, rc, task, step)
+                if _stopped(step, ws):
+                    return
+        elif step.concurrent_substeps and len(regular) > 1:
+            run_concurrently(
+                [functools.partial(execute, s, ws, rc, task) for s in regular],
+                rc, step.name)
+            if _stopped(step, ws):
+                return
+        else:
+            for sub in regular:
+                execute(sub, ws, rc, task)
+                if _stopped(step, ws):
+                    return
+        i += 1
+
+
+def run_concurrently(fns, rc, name):
+    """Run ``fns`` on threads; the first failure cancels the others."""
+    errors = []
+
+    def target(fn):
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+            rc.cancelled.set()
+
+    threads = [threading.Thread(target=target, args=(fn,), daemon=True,
+                                name=f"lc:{rc.node}:{name}:{i}")
+               for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()  # bounded by cancellation: see the module docstring
+    _raise_first(errors)
+
+
+def _raise_first(errors):
+    if not errors:
+        return
+    real = [e for e in errors if not isinstance(e, Cancelled)]
+    raise (real or errors)[0]
+
+
+class _Reporters:
+    """Timer threads for the ``run_every_ms`` substeps of one step."""
+
+    def __init__(self, steps, ws, rc, task):
+        self._done = threading.Event()
+        self._final = False
+        self._errors = []
+        self._threads = [
+            threading.Thread(target=self._loop, args=(s, ws, rc, task),
+                             daemon=True, name=f"lc:{rc.node}:{s.name}")
+            for s in steps]
+        for t in self._threads:
+            t.start()
+
+    def _loop(self, step, ws, rc, task):
+        interval = step.run_every_ms / 1000.0
+        try:
+            while True:
+                done = self._done.wait(interval)
+                if done and not self._final:
+                    return
+                execute(step, ws, rc, task)
+                if done:
+                    return
+        except BaseException as exc:  # noqa: BLE001 - re-raised by finish()
+            self._errors.append(exc)
+            rc.cancelled.set()
+
+    def finish(self, run_once_more):
+        self._final = run_once_more and not self._errors
+        self._done.set()
+        for t in self._threads:
+            t.join()  # bounded by cancellation, as above
+
+    def raise_errors(self, real_only=False):
+        errors = self._errors
+        if real_only:
+            errors = [e for e in errors if not isinstance(e, Cancelled)]
+        _raise_first(errors)

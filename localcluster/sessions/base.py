@@ -1,0 +1,175 @@
+"""The Session boundary: a runnable goes in, per-node plans go out.
+
+``Session.run(runnable)`` compiles the runnable to a `TaskGroup` (a Task,
+step, net or list of nets becomes a one-task group, GLOBAL unless
+``workspace_type`` says otherwise), folds it into one `NodePlan` per node,
+hands the plans to ``_run_plans`` -- the one thing a concrete session
+implements, besides blob access -- and sets the values that come back on
+the group's `TaskOutput`s.
+
+Session states are an enum: OPEN -> CLOSED (you closed it) or BROKEN (a
+failure it could not recover from, e.g. a thread that would not stop);
+both refuse further runs with `SessionClosedError` saying which.
+"""
+
+import enum
+import logging
+import threading
+import weakref
+
+from ..errors import PlanError, SessionClosedError
+from ..plan.net import Net
+from ..plan.node_plan import WorkspaceType, as_workspace_type
+from ..plan.step import ExecutionStep, to_execution_step
+from ..task import Task, TaskGroup
+
+__all__ = ["Session", "SessionState"]
+
+log = logging.getLogger(__name__)
+
+
+class SessionState(enum.Enum):
+    OPEN = "open"
+    CLOSED = "closed"
+    BROKEN = "broken"
+
+
+class Session:
+    """Base of every session; see the module docstring."""
+
+    def __init__(self):
+        self._state = SessionState.OPEN
+        self._broken_reason = None
+        self._run_lock = threading.Lock()
+        self._compiled = weakref.WeakKeyDictionary()
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def is_open(self):
+        return self._state is SessionState.OPEN
+
+    def _check_open(self):
+        if self._state is SessionState.CLOSED:
+            raise SessionClosedError(
+                f"{type(self).__name__} is closed; open a new session")
+        if self._state is SessionState.BROKEN:
+            raise SessionClosedError(
+                f"{type(self).__name__} is broken and cannot run: "
+                f"{self._broken_reason}; close it and open a new session")
+
+    def _mark_broken(self, reason):
+        log.warning("%s broken: %s", type(self).__name__, reason)
+        self._state = SessionState.BROKEN
+        self._broken_reason = reason
+
+    def close(self):
+        """Release everything the session holds; idempotent."""
+        if self._state is not SessionState.CLOSED:
+            try:
+                self._close()
+            finally:
+                self._state = SessionState.CLOSED
+
+    def _close(self):
+        pass
+
+    def __enter__(self):
+        self._check_open()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- running ------------------------------------------------------------------------
+
+    def compile(self, runnable, workspace_type=None):
+        """The TaskGroup this session runs for ``runnable``."""
+        workspace_type = as_workspace_type(workspace_type, "Session.run")
+        if runnable is None:
+            raise PlanError("Session.run got None; pass a TaskGroup, Task, "
+                            "ExecutionStep, Net or list of nets")
+        if isinstance(runnable, TaskGroup):
+            if workspace_type is not None and runnable.workspace_type() \
+                    is not workspace_type and runnable.num_registered_tasks():
+                raise PlanError(
+                    f"{runnable!r} is {runnable.workspace_type()} but run() "
+                    f"asked for {workspace_type}; leave workspace_type out")
+            return runnable
+        wtype = workspace_type
+        if wtype is None and isinstance(runnable, Task):
+            wtype = runnable._requested_workspace_type
+        wtype = wtype or WorkspaceType.GLOBAL
+        cacheable = isinstance(runnable, (Task, ExecutionStep, Net))
+        if cacheable:
+            found = self._compiled.get(runnable, {}).get(wtype)
+            if found is not None:
+                return found
+        group = TaskGroup(workspace_type=wtype)
+        if isinstance(runnable, Task):
+            task = _solo_copy(runnable, group, wtype)
+        else:
+            if not isinstance(runnable, (Net, ExecutionStep, list, tuple)):
+                raise PlanError(
+                    f"cannot run {type(runnable).__name__} {runnable!r}; pass"
+                    " a TaskGroup, Task, ExecutionStep, Net or list of nets")
+            Task(step=to_execution_step(runnable, "runnable"), group=group,
+                 workspace_type=wtype)
+        if cacheable:
+            self._compiled.setdefault(runnable, {})[wtype] = group
+        return group
+
+    def run(self, runnable, workspace_type=None, timeout=None):
+        """Run ``runnable``; returns when every node is done.
+
+        Raises `TaskFailedError`, `NodeFailedError` or `RunTimeoutError`
+        (``timeout`` in seconds) -- the session stays usable after them
+        unless ``is_open()`` turns False.
+        """
+        self._check_open()
+        if timeout is not None and (isinstance(timeout, bool) or
+                                    not isinstance(timeout, (int, float))
+                                    or timeout <= 0):
+            raise ValueError(
+                f"timeout must be a positive number of seconds, got {timeout!r}")
+        group = self.compile(runnable, workspace_type)
+        plans = group.node_plans()
+        with self._run_lock:
+            self._check_open()
+            log.debug("running %d node plan(s): %s", len(plans),
+                      [p.node for p in plans])
+            results = self._run_plans(plans, timeout)
+        for task in group.tasks_by_node().tasks():
+            values = results.get(task.node, {})
+            for output in task.outputs():
+                output.set([values[str(n)] for n in output.names])
+
+    def _run_plans(self, plans, timeout):
+        """Run the plans concurrently; return ``{node: {blob: value}}``."""
+        raise NotImplementedError
+
+    # -- blobs ----------------------------------------------------------------------
+
+    def fetch_blob(self, name, node="local", copy=True):
+        raise NotImplementedError
+
+    def feed_blob(self, name, value, node="local"):
+        raise NotImplementedError
+
+    def blobs(self, node="local"):
+        raise NotImplementedError
+
+    def has_blob(self, name, node="local"):
+        raise NotImplementedError
+
+
+def _solo_copy(task, group, wtype):
+    """A Task that runs ``task``'s step and outputs inside ``group``.
+
+    The user's task keeps its own group; the copy shares its step and
+    TaskOutput objects, so ``output.fetch()`` works after the run.
+    """
+    solo = Task(step=task.get_step(), node=task.node, group=group,
+                name=task.name.split("/", 1)[1], workspace_type=wtype)
+    for output in task.outputs():
+        solo.add_output(output)
+    return solo

@@ -1,0 +1,163 @@
+"""LocalSession: every node an in-process workspace, tasks on threads.
+
+The reference semantics, and the fastest session for small tests.  Each
+node name gets its own `Workspace` the first time it is used; a run starts
+one thread per node of the group (the calling thread itself when there is
+one node and no timeout), and the first failure cancels the others.
+
+A run that times out is cancelled; its threads stop at their next op.  A
+thread stuck inside one op (a Python op that never returns) cannot be
+stopped in-process: if any is still running after a short grace period the
+session is marked broken (``is_open()`` is False) rather than left hung.
+"""
+
+import logging
+import queue
+import threading
+import time
+
+import numpy as np
+
+from ..errors import BlobNotFoundError, RunTimeoutError
+from ..runtime.executor import Cancelled, RunContext
+from ..runtime.node import run_node_plan
+from ..runtime.workspace import Workspace
+from .base import Session
+
+__all__ = ["LocalSession"]
+
+log = logging.getLogger(__name__)
+
+#: seconds a cancelled run's threads get to stop before the session breaks
+CANCEL_GRACE = 2.0
+
+
+class LocalSession(Session):
+    """Run every node in this process (see the module docstring)."""
+
+    def __init__(self):
+        super().__init__()
+        self._workspaces = {}
+        self._resources = {}
+
+    def __repr__(self):
+        return f"LocalSession(nodes={sorted(self._workspaces)}, " \
+               f"{self._state.value})"
+
+    def _workspace(self, node):
+        ws = self._workspaces.get(node)
+        if ws is None:
+            ws = self._workspaces[node] = Workspace(node)
+        return ws
+
+    def _close(self):
+        self._workspaces.clear()
+
+    # -- running ----------------------------------------------------------------
+
+    def _context(self, node, cancelled):
+        return RunContext(node, self._workspace(node).lock, cancelled,
+                          self._resources.setdefault(node, {}))
+
+    def _run_plans(self, plans, timeout):
+        cancelled = threading.Event()
+        if len(plans) == 1 and timeout is None:
+            plan = plans[0]
+            return {plan.node: run_node_plan(
+                plan, self._workspace(plan.node),
+                self._context(plan.node, cancelled))}
+        done = queue.Queue()
+
+        def node_main(plan):
+            try:
+                result = run_node_plan(plan, self._workspace(plan.node),
+                                       self._context(plan.node, cancelled))
+                done.put((plan.node, result, None))
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                cancelled.set()
+                done.put((plan.node, None, exc))
+
+        for plan in plans:
+            self._workspace(plan.node)  # created here, not on the threads
+            threading.Thread(target=node_main, args=(plan,), daemon=True,
+                             name=f"lc:{plan.node}").start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        results, errors, pending = {}, [], len(plans)
+        try:
+            while pending:
+                wait = None if deadline is None else deadline - time.monotonic()
+                if wait is not None and wait <= 0:
+                    raise queue.Empty
+                node, result, exc = done.get(timeout=wait)
+                pending -= 1
+                if exc is None:
+                    results[node] = result
+                else:
+                    errors.append(exc)
+                    break
+        except queue.Empty:
+            cancelled.set()
+            _, stuck = self._collect(done, pending)
+            raise RunTimeoutError(
+                f"run did not finish within {timeout} s; it was cancelled"
+                + (f" ({stuck} node thread(s) did not stop, so the session "
+                   "is now broken)" if stuck else "")) from None
+        except BaseException:
+            cancelled.set()
+            self._collect(done, pending)
+            raise
+        if errors:
+            errors.extend(self._collect(done, pending)[0])
+            real = [e for e in errors if not isinstance(e, Cancelled)]
+            raise (real or errors)[0]
+        return results
+
+    def _collect(self, done, pending):
+        """(errors, threads still running) of a cancelled run's other nodes,
+        waiting for them at most CANCEL_GRACE seconds."""
+        errors = []
+        deadline = time.monotonic() + CANCEL_GRACE
+        while pending:
+            try:
+                _, _, exc = done.get(timeout=max(0.0, deadline -
+                                                 time.monotonic()))
+            except queue.Empty:
+                self._mark_broken(
+                    f"{pending} node thread(s) did not stop within "
+                    f"{CANCEL_GRACE} s of a cancelled run")
+                break
+            pending -= 1
+            if exc is not None:
+                errors.append(exc)
+        return errors, pending
+
+    # -- blobs ---------------------------------------------------------------------
+
+    def fetch_blob(self, name, node="local", copy=True):
+        self._check_open()
+        ws = self._workspaces.get(str(node))
+        value = ws.get_or_none(str(name)) if ws is not None else None
+        if value is None:
+            raise BlobNotFoundError(
+                name, node, "no run on that node wrote it" if ws is not None
+                else "that node has not run anything in this session")
+        return np.array(value, copy=True) if copy else value
+
+    def feed_blob(self, name, value, node="local"):
+        self._check_open()
+        array = np.array(value, copy=True)
+        if array.dtype == object:
+            raise TypeError(
+                f"feed_blob({name!r}): value must be numeric array-like, got "
+                f"{type(value).__name__}")
+        self._workspace(str(node)).set(str(name), array)
+
+    def blobs(self, node="local"):
+        self._check_open()
+        ws = self._workspaces.get(str(node))
+        return sorted(ws.local_names()) if ws is not None else []
+
+    def has_blob(self, name, node="local"):
+        self._check_open()
+        ws = self._workspaces.get(str(node))
+        return ws is not None and ws.has(str(name))

@@ -1,0 +1,79 @@
+"""Shared fixtures: the session matrix, leak checks, hypothesis profiles.
+
+Every test that takes the ``session`` fixture runs once per session kind
+in ``SESSION_KINDS`` -- the shared suite that pins the semantics every
+session must have.  The autouse ``no_leaks`` fixture fails a test that
+leaves a child process or a shared-memory segment of ours behind.
+"""
+
+import os
+
+import psutil
+import pytest
+from hypothesis import HealthCheck, settings
+
+from localcluster import LocalSession
+
+settings.register_profile(
+    "ci", max_examples=30, deadline=None, derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "dev", max_examples=60, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get(
+    "HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+#: name -> factory of every session kind the shared suite runs against
+SESSION_KINDS = {
+    "local": LocalSession,
+}
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "lc_"
+
+
+def shm_segments():
+    """Our shared-memory segments currently in /dev/shm."""
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)}
+    except FileNotFoundError:
+        return set()
+
+
+def child_processes():
+    return psutil.Process().children(recursive=True)
+
+
+@pytest.fixture(params=sorted(SESSION_KINDS))
+def session_factory(request):
+    """A factory of sessions of one kind; every session it made is closed
+    at teardown."""
+    made = []
+
+    def make(*args, **kwargs):
+        s = SESSION_KINDS[request.param](*args, **kwargs)
+        made.append(s)
+        return s
+
+    make.kind = request.param
+    yield make
+    for s in made:
+        s.close()
+
+
+@pytest.fixture
+def session(session_factory):
+    """An open session of each kind in SESSION_KINDS."""
+    return session_factory()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Fail a test that leaves child processes or shm segments behind."""
+    before = shm_segments()
+    yield
+    left = [p for p in child_processes() if p.is_running() and
+            p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"child processes left behind: {left}"
+    leaked = shm_segments() - before
+    assert not leaked, f"shared-memory segments left behind: {leaked}"
