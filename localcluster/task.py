@@ -287,10 +287,8 @@ class Task(Managed):
             body = ExecutionStep(f"{self.name}:instances", substeps=[body],
                                  num_concurrent_instances=self._num_instances)
         step = _with_setup(body, task_init, task_exit, self.name)
-        if step.name == self.name:
+        if step.task is None:  # else it is already a task's full step
             step = step.replace(task=self.name)
-        else:
-            step = ExecutionStep(self.name, substeps=[step], task=self.name)
         self._step_with_setup = step
         return step
 

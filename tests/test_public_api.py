@@ -1,0 +1,34 @@
+"""The public surface is exactly the intended one (API.md)."""
+
+import localcluster
+from localcluster import errors
+
+EXPECTED = {
+    "BlobRef", "Net", "ExecutionStep", "execution_step", "to_execution_step",
+    "NetBuilder", "ops", "register_op",
+    "Cluster", "Node", "WorkspaceType", "TaskGroup", "Task", "TaskOutput",
+    "final_output", "SetupNets",
+    "Session", "LocalSession",
+    "LocalClusterError", "PlanError", "TaskFailedError", "NodeFailedError",
+    "CheckpointError", "SessionClosedError", "RunTimeoutError",
+    "BlobNotFoundError",
+    "errors", "printer",
+}
+
+
+def test_public_names_are_exactly_the_intended_ones():
+    assert set(localcluster.__all__) == EXPECTED
+    for name in EXPECTED:
+        assert hasattr(localcluster, name), name
+
+
+def test_every_error_has_one_root_and_fitting_stdlib_bases():
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        if name in ("RemoteTraceback", "CheckpointWarning"):
+            continue
+        assert issubclass(cls, errors.LocalClusterError), name
+    assert issubclass(errors.PlanError, ValueError)
+    assert issubclass(errors.RunTimeoutError, TimeoutError)
+    assert issubclass(errors.BlobNotFoundError, KeyError)
+    assert issubclass(errors.CheckpointWarning, Warning)
