@@ -11,26 +11,96 @@ Entering the outermost context of a thread also opens a *build scope*
 auto-generated blob names) are made unique within it, and a new outermost
 context starts a new one.  That is what makes names a deterministic function
 of how a job was built: building the same job again, in this process or
-another, gives the same names.
+another, gives the same names.  Across scopes, generated net and blob names
+are also claimed process-wide by the fingerprint of what was built before
+them in their scope, so a *different* job built later in the same process
+gets suffixed names instead of silently sharing blobs with the first.
 
 Parent classes see child instances: entering a ``_Loop`` (a `NetBuilder`
 subclass) makes it ``NetBuilder.current()`` as well, because an instance is
 pushed on the stack of every managed class in its MRO.
 """
 
+import hashlib
 import threading
 
 __all__ = ["Managed", "DefaultManaged", "build_scope"]
 
 
+class _NameRegistry:
+    """Process-wide owners of generated names (by fingerprint).
+
+    A generated name is claimed with the fingerprint of everything its build
+    scope generated up to it.  The same fingerprint means the same job built
+    again, so it gets the same name; a different one means another job that
+    would collide, so it gets a suffixed name instead.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._owners = {}
+
+    def claim(self, kind, name, fingerprint, fmt):
+        with self._lock:
+            candidate, i = name, 0
+            while True:
+                owner = self._owners.setdefault((kind, candidate), fingerprint)
+                if owner == fingerprint:
+                    return candidate
+                i += 1
+                candidate = fmt.format(name, i)
+
+
+_REGISTRY = _NameRegistry()
+
+
+def _stable(value):
+    """A description of an op argument that is the same in every process."""
+    if isinstance(value, (str, bytes, int, float, bool, type(None))):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_stable(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k!r}:{_stable(v)}" for k, v in
+                              sorted(value.items(), key=lambda kv: repr(kv[0])
+                                     )) + "}"
+    tobytes = getattr(type(value), "tobytes", None)
+    if tobytes is not None and hasattr(value, "dtype"):
+        digest = hashlib.sha1(tobytes(value)).hexdigest()
+        return f"array({value.dtype},{getattr(value, 'shape', ())},{digest})"
+    qualname = getattr(value, "__qualname__", None)
+    if qualname is not None:
+        return f"{getattr(value, '__module__', '?')}.{qualname}"
+    return type(value).__qualname__
+
+
 class BuildScope:
-    """Names used so far in one outermost build context."""
+    """Names generated so far in one outermost build context.
+
+    `name` makes a name unique within the scope (``base``, ``base_1``...)
+    and claims it process-wide: a rebuild of the same job gets the same
+    names, a different job never reuses a name with another meaning.
+    """
 
     def __init__(self):
         self.used = {}
+        self._fingerprint = b""
+
+    def name(self, kind, base, detail=(), fmt="{}_{}"):
+        used = self.used.setdefault(kind, set())
+        candidate, i = base, 0
+        while candidate in used:
+            i += 1
+            candidate = fmt.format(base, i)
+        self._fingerprint = hashlib.sha1(
+            self._fingerprint + f"{kind}|{candidate}|{_stable(detail)}".encode()
+        ).digest()
+        final = _REGISTRY.claim(kind, candidate, self._fingerprint, fmt)
+        used.add(final)
+        return final
 
     def unique(self, kind, name, fmt="{}_{}"):
-        """Return ``name``, or ``name`` with a numeric suffix, unused so far."""
+        """``name`` made unique within this scope only."""
         used = self.used.setdefault(kind, set())
         candidate, i = name, 0
         while candidate in used:

@@ -481,7 +481,13 @@ class TaskGroup(Managed):
             by_node.setdefault(str(node_map.get(t.node, t.node)), []).append(t)
         reports = {}
         for node, step in report_steps:
-            reports.setdefault(str(node_map.get(node, node)), []).append(step)
+            node = str(node_map.get(node, node))
+            if node not in by_node:
+                raise PlanError(
+                    f"report step {step.name!r} is for node {node!r}, where "
+                    f"{self!r} runs no task; add a task on {node!r} or report"
+                    " from a node that runs one")
+            reports.setdefault(node, []).append(step)
         grouped = TaskGroup(workspace_type=self.workspace_type())
         for node, node_tasks in by_node.items():
             steps = reports.get(node, []) + [t.get_step() for t in node_tasks]

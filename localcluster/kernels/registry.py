@@ -14,7 +14,7 @@ A kernel is a plain function of numpy arrays::
         return np.clip(x, lo, hi)
 
 It receives the input arrays positionally and the op's arguments as
-keywords, and returns one array (one output), a tuple (several outputs) or
+keywords (its parameters with a default, or keyword-only), and returns one array (one output), a tuple (several outputs) or
 None (no outputs).  Built-in kernels that need the node (counters need its
 lock, queues its channels) register with ``context=True`` and receive an
 `OpContext` first.
@@ -88,7 +88,11 @@ class OpContext:
 
 
 def _keyword_names(kernel):
-    """Names the kernel accepts as op arguments; None if it takes **kwargs."""
+    """Names the kernel accepts as op arguments; None if it takes **kwargs.
+
+    Inputs are the positional parameters without a default; arguments are
+    the parameters with a default and the keyword-only ones.
+    """
     try:
         params = inspect.signature(kernel).parameters.values()
     except (TypeError, ValueError):
@@ -97,7 +101,8 @@ def _keyword_names(kernel):
     for p in params:
         if p.kind is p.VAR_KEYWORD:
             return None
-        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD):
+        if p.kind is p.KEYWORD_ONLY or (
+                p.kind is p.POSITIONAL_OR_KEYWORD and p.default is not p.empty):
             names.add(p.name)
     return names
 

@@ -98,7 +98,7 @@ class NetBuilder(Managed):
         """This builder's stop blob, created (and reset on entry) on demand."""
         if self._stop_blob is None:
             net = self.current_net()
-            self._stop_blob = net.next_blob("stop")
+            self._stop_blob = net.next_blob("stop", ("stop",))
             net.Const(False, blob_out=self._stop_blob)
             if self._children[0] is not net:
                 init = Net(f"{self.name}/stop_init")
@@ -177,7 +177,7 @@ class Loop(NetBuilder):
             # The count test writes the stop blob itself (no reset + Or):
             # two ops per iteration is the whole cost of a counted loop.
             net = self.current_net()
-            self._stop_blob = net.next_blob("stop")
+            self._stop_blob = net.next_blob("stop", ("loop", self._n))
             net.GE([self._iter, self._n], [self._stop_blob])
             self._current_net = None
         return self
@@ -257,7 +257,7 @@ class _SetupBuilder(_RunOnce):
         super().__init__(name)
         self.setup = SetupNets()
         self._is_init = is_init
-        NetBuilder.current().current_net().add_attribute(key, self.setup)
+        _current_builder().current_net().add_attribute(key, self.setup)
 
     def __exit__(self, etype, *args):
         super().__exit__(etype, *args)

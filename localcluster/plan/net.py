@@ -17,7 +17,7 @@ gave it.
 
 import numpy as np
 
-from ..context import build_scope
+from ..context import BuildScope, build_scope
 from ..errors import PlanError
 from ..kernels import registry
 
@@ -116,8 +116,10 @@ class Net:
 
     def __init__(self, name="net"):
         name = str(name) if name else "net"
-        scope = build_scope()
-        self._name = scope.unique("net", name) if scope is not None else name
+        # A net made outside every context is its own scope: it keeps its
+        # name, and its blob names depend only on its own ops.
+        self._scope = build_scope() or BuildScope()
+        self._name = self._scope.name("net", name)
         self._ops = []
         self._attributes = {}
         self._next_blob_id = 0
@@ -145,6 +147,7 @@ class Net:
                 "next_blob_id": self._next_blob_id}
 
     def __setstate__(self, state):
+        self._scope = None
         self._name = state["name"]
         self._ops = state["ops"]
         self._attributes = state["attributes"]
@@ -152,11 +155,15 @@ class Net:
 
     # -- building ------------------------------------------------------------
 
-    def next_blob(self, prefix="blob"):
-        """A fresh auto-named BlobRef of this net."""
-        ref = BlobRef(f"{self._name}/{prefix}_{self._next_blob_id}")
+    def next_blob(self, prefix="blob", detail=()):
+        """A fresh auto-named BlobRef of this net (``detail``: what the op
+        that makes it does, so another job's op never gets its name)."""
+        if self._scope is None:
+            self._scope = BuildScope()
+        name = self._scope.name(
+            "blob", f"{self._name}/{prefix}_{self._next_blob_id}", detail)
         self._next_blob_id += 1
-        return ref
+        return BlobRef(name)
 
     def __getattr__(self, op_type):
         if op_type.startswith("_"):
@@ -190,7 +197,9 @@ class Net:
         if isinstance(outputs, int):
             if outputs < 0:
                 raise PlanError(f"outputs of {schema.name} cannot be negative")
-            out_refs = tuple(self.next_blob(prefix) for _ in range(outputs))
+            detail = (schema.name, in_names, args)
+            out_refs = tuple(self.next_blob(prefix, detail)
+                             for _ in range(outputs))
         else:
             out_refs = tuple(BlobRef(n) for n in
                              blob_names(outputs, f"outputs of {schema.name}"))
@@ -210,7 +219,7 @@ class Net:
                 " bools or lists of them")
         out = blob_out if blob_out is not None else name
         if out is None:
-            out = self.next_blob("const")
+            out = self.next_blob("const", ("GivenTensorFill", array))
         return self.add_op("GivenTensorFill", [], [out], {"values": array})
 
     def Python(self, fn):
