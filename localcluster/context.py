@@ -23,6 +23,7 @@ pushed on the stack of every managed class in its MRO.
 
 import hashlib
 import threading
+import weakref
 
 __all__ = ["Managed", "DefaultManaged", "build_scope"]
 
@@ -33,19 +34,27 @@ class _NameRegistry:
     A generated name is claimed with the fingerprint of everything its build
     scope generated up to it.  The same fingerprint means the same job built
     again, so it gets the same name; a different one means another job that
-    would collide, so it gets a suffixed name instead.
+    would collide, so it gets a suffixed name instead -- as long as the
+    first job is alive (any of its nets or BlobRefs is referenced).  A name
+    whose jobs are all gone is free again, so what other, finished work did
+    earlier in a process does not shift the names of a job built now.
     """
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._owners = {}
+        self._owners = {}   # (kind, name) -> (fingerprint, WeakSet of scopes)
 
-    def claim(self, kind, name, fingerprint, fmt):
+    def claim(self, kind, name, fingerprint, scope, fmt):
         with self._lock:
             candidate, i = name, 0
             while True:
-                owner = self._owners.setdefault((kind, candidate), fingerprint)
-                if owner == fingerprint:
+                key = (kind, candidate)
+                entry = self._owners.get(key)
+                if entry is None or not entry[1]:
+                    self._owners[key] = (fingerprint, weakref.WeakSet([scope]))
+                    return candidate
+                if entry[0] == fingerprint:
+                    entry[1].add(scope)
                     return candidate
                 i += 1
                 candidate = fmt.format(name, i)
@@ -95,7 +104,7 @@ class BuildScope:
         self._fingerprint = hashlib.sha1(
             self._fingerprint + f"{kind}|{candidate}|{_stable(detail)}".encode()
         ).digest()
-        final = _REGISTRY.claim(kind, candidate, self._fingerprint, fmt)
+        final = _REGISTRY.claim(kind, candidate, self._fingerprint, self, fmt)
         used.add(final)
         return final
 

@@ -27,16 +27,19 @@ __all__ = ["BlobRef", "Op", "Net", "blob_names"]
 class BlobRef(str):
     """A named reference to a blob; ``str(ref)`` is its name.
 
-    It is a ``str`` so it can be used wherever a blob name is accepted.
+    It is a ``str`` so it can be used wherever a blob name is accepted.  A
+    generated name keeps its build scope alive, which reserves the name
+    against other jobs for as long as the reference is held.
     """
 
-    __slots__ = ()
-
-    def __new__(cls, name):
+    def __new__(cls, name, _scope=None):
         name = str(name)
         if not name:
             raise PlanError("a blob name cannot be empty")
-        return super().__new__(cls, name)
+        ref = super().__new__(cls, name)
+        if _scope is not None:
+            ref._scope = _scope
+        return ref
 
     def __repr__(self):
         return f"BlobRef({str(self)!r})"
@@ -163,7 +166,7 @@ class Net:
         name = self._scope.name(
             "blob", f"{self._name}/{prefix}_{self._next_blob_id}", detail)
         self._next_blob_id += 1
-        return BlobRef(name)
+        return BlobRef(name, self._scope)
 
     def __getattr__(self, op_type):
         if op_type.startswith("_"):
