@@ -2,7 +2,8 @@
 
 Describe the job with the job model (Nodes, TaskGroups of Tasks whose
 steps are nets of numpy operators) and run it with `LocalSession`
-(in-process) -- see README.md and the public API below.
+(in-process) or `LocalHostScheduler` (one OS process per node, workspaces
+in shared memory) -- see README.md and the public API below.
 """
 
 from . import errors, printer
@@ -12,7 +13,7 @@ from .errors import (BlobNotFoundError, CheckpointError, LocalClusterError,
 from .kernels import register_op
 from .plan import (BlobRef, ExecutionStep, Net, NetBuilder, SetupNets,
                    execution_step, ops, to_execution_step)
-from .sessions import LocalSession, Session
+from .sessions import LocalHostScheduler, LocalSession, Session
 from .task import (Cluster, Node, Task, TaskGroup, TaskOutput, WorkspaceType,
                    final_output)
 
@@ -26,7 +27,7 @@ __all__ = [
     "Cluster", "Node", "WorkspaceType", "TaskGroup", "Task", "TaskOutput",
     "final_output", "SetupNets",
     # sessions
-    "Session", "LocalSession",
+    "Session", "LocalSession", "LocalHostScheduler",
     # errors
     "LocalClusterError", "PlanError", "TaskFailedError", "NodeFailedError",
     "CheckpointError", "SessionClosedError", "RunTimeoutError",

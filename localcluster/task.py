@@ -184,6 +184,9 @@ class Task(Managed):
                                       else Node(node))))
         self.group = TaskGroup.current(group, required=False)
         self.name = _unique_task_name(self.node, self.group, name or "task")
+        # The node's options (cpus, memory_limit, env) as registered where
+        # the task was built: they travel with the plan to the session.
+        self.node_kwargs = Cluster.current().node_kwargs().get(self.node, {})
         if num_instances is not None and (isinstance(num_instances, bool) or
                                           not isinstance(num_instances, int)
                                           or num_instances < 1):
@@ -499,15 +502,21 @@ class TaskGroup(Managed):
                                      concurrent_substeps=True)
             step = _with_setup(body, inits, exits, node)
             outputs = [o for t in node_tasks for o in t.outputs()]
-            Task(step=step, outputs=outputs, node=node, name="grouped_by_node",
-                 group=grouped, workspace_type=self.workspace_type())
+            kwargs = {}
+            for t in node_tasks:
+                kwargs.update(t.node_kwargs)
+            grouped_task = Task(step=step, outputs=outputs, node=node,
+                                name="grouped_by_node", group=grouped,
+                                workspace_type=self.workspace_type())
+            grouped_task.node_kwargs = kwargs
         return grouped
 
     def node_plans(self):
         """The `NodePlan` of every node (what a session sends to nodes)."""
         grouped = self.tasks_by_node()
         return [NodePlan(t.node, t.get_step(), t.workspace_type(),
-                         t.output_list()) for t in grouped.tasks()]
+                         t.output_list(), t.node_kwargs)
+                for t in grouped.tasks()]
 
     def to_task(self, node=None):
         """This group as one task on ``node`` (the current node by default)."""

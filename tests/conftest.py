@@ -12,7 +12,7 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, settings
 
-from localcluster import LocalSession
+from localcluster import LocalHostScheduler, LocalSession
 
 settings.register_profile(
     "ci", max_examples=30, deadline=None, derandomize=True,
@@ -26,6 +26,7 @@ settings.load_profile(os.environ.get(
 #: name -> factory of every session kind the shared suite runs against
 SESSION_KINDS = {
     "local": LocalSession,
+    "localhost": LocalHostScheduler,
 }
 
 SHM_DIR = "/dev/shm"
@@ -40,8 +41,26 @@ def shm_segments():
         return set()
 
 
+def _is_helper(proc):
+    """multiprocessing's own helpers (forkserver, resource tracker) live as
+    long as the test process; they are not ours to reap."""
+    try:
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        return True
+    return "forkserver" in cmdline or "resource_tracker" in cmdline
+
+
 def child_processes():
-    return psutil.Process().children(recursive=True)
+    """Our live child processes (zombies and multiprocessing helpers aside)."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and not _is_helper(p):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
 
 
 @pytest.fixture(params=sorted(SESSION_KINDS))
@@ -72,8 +91,7 @@ def no_leaks():
     """Fail a test that leaves child processes or shm segments behind."""
     before = shm_segments()
     yield
-    left = [p for p in child_processes() if p.is_running() and
-            p.status() != psutil.STATUS_ZOMBIE]
+    left = child_processes()
     assert not left, f"child processes left behind: {left}"
     leaked = shm_segments() - before
     assert not leaked, f"shared-memory segments left behind: {leaked}"

@@ -8,7 +8,7 @@ EXPECTED = {
     "NetBuilder", "ops", "register_op",
     "Cluster", "Node", "WorkspaceType", "TaskGroup", "Task", "TaskOutput",
     "final_output", "SetupNets",
-    "Session", "LocalSession",
+    "Session", "LocalSession", "LocalHostScheduler",
     "LocalClusterError", "PlanError", "TaskFailedError", "NodeFailedError",
     "CheckpointError", "SessionClosedError", "RunTimeoutError",
     "BlobNotFoundError",

@@ -151,6 +151,13 @@ def _same_function(a, b):
     return a is b or _qualname(a) == _qualname(b)
 
 
+def ensure_registered(schema):
+    """Register ``schema`` as it is, unless its name is taken (node side:
+    the ops a plan brings along)."""
+    with _REGISTRY_LOCK:
+        _REGISTRY.setdefault(schema.name, schema)
+
+
 def lookup(name):
     """The schema of op type ``name``, or None."""
     return _REGISTRY.get(name)

@@ -49,19 +49,22 @@ def as_workspace_type(value, what):
 class NodePlan:
     """What a session hands the runtime for one node of one group run."""
 
-    __slots__ = ("node", "step", "workspace_type", "outputs")
+    __slots__ = ("node", "step", "workspace_type", "outputs", "node_kwargs")
 
-    def __init__(self, node, step, workspace_type, outputs):
+    def __init__(self, node, step, workspace_type, outputs, node_kwargs=None):
         self.node = node
         self.step = step
         self.workspace_type = workspace_type
         self.outputs = tuple(outputs)
+        self.node_kwargs = dict(node_kwargs or {})  # cpus, memory_limit, env
 
     def __getstate__(self):
-        return (self.node, self.step, self.workspace_type, self.outputs)
+        return (self.node, self.step, self.workspace_type, self.outputs,
+                self.node_kwargs)
 
     def __setstate__(self, state):
-        self.node, self.step, self.workspace_type, self.outputs = state
+        (self.node, self.step, self.workspace_type, self.outputs,
+         self.node_kwargs) = state
 
     def __repr__(self):
         return f"NodePlan({self.node!r}, {self.step!r}, {self.workspace_type})"

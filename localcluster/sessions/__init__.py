@@ -2,5 +2,6 @@
 
 from .base import Session, SessionState
 from .local import LocalSession
+from .localhost import LocalHostScheduler
 
-__all__ = ["Session", "SessionState", "LocalSession"]
+__all__ = ["Session", "SessionState", "LocalSession", "LocalHostScheduler"]

@@ -1,0 +1,130 @@
+"""Node output in the master: one thread for every node of a scheduler.
+
+Each node process sends ``(stream, bytes)`` chunks of its stdout/stderr
+over a one-way pipe.  The pump waits on all of them (and on a wake-up pipe,
+so adding a node never means polling), splits chunks into lines and writes
+each line to the master's stdout or stderr as ``[node] line``.  It keeps
+the last lines of every node for `NodeFailedError`, and tells whoever waits
+(``wait_closed``) when a node's pipe reached EOF -- which, for a dead node,
+means every line it wrote has been seen.
+"""
+
+import collections
+import sys
+import threading
+from multiprocessing import connection
+
+__all__ = ["LogPump"]
+
+LAST_LINES = 20
+
+
+class _Stream:
+    def __init__(self, node):
+        self.node = node
+        self.partial = {"out": b"", "err": b""}
+        self.last = collections.deque(maxlen=LAST_LINES)
+        self.closed = threading.Event()
+        self.received = 0
+        self.progress = threading.Condition()
+
+    def wait_for(self, mark, timeout):
+        """Wait until ``mark`` bytes of output were shown (or EOF)."""
+        with self.progress:
+            return self.progress.wait_for(
+                lambda: self.received >= mark or self.closed.is_set(),
+                timeout)
+
+
+class LogPump:
+    def __init__(self, name="lc:logs"):
+        self._lock = threading.Lock()
+        self._streams = {}            # conn -> _Stream
+        self._wake_r, self._wake_w = connection.Pipe(duplex=False)
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name=name)
+        self._stopping = False
+        self._thread.start()
+
+    def connections(self):
+        """Master-side connections a forked child must close."""
+        with self._lock:
+            return list(self._streams) + [self._wake_r, self._wake_w]
+
+    def add(self, conn, node):
+        stream = _Stream(node)
+        with self._lock:
+            self._streams[conn] = stream
+        self._wake_w.send(b"")
+        return stream
+
+    def last_lines(self, stream):
+        return list(stream.last)
+
+    def stop(self, timeout=2.0):
+        self._stopping = True
+        try:
+            self._wake_w.send(b"")
+        except OSError:
+            pass
+        self._thread.join(timeout)
+        with self._lock:
+            for conn in self._streams:
+                conn.close()
+            self._streams.clear()
+        self._wake_w.close()
+        self._wake_r.close()
+
+    def _loop(self):
+        while not self._stopping:
+            with self._lock:
+                conns = list(self._streams)
+            for ready in connection.wait(conns + [self._wake_r]):
+                if ready is self._wake_r:
+                    try:
+                        self._wake_r.recv_bytes()
+                    except (EOFError, OSError):
+                        return
+                    continue
+                self._read(ready)
+
+    def _read(self, conn):
+        stream = self._streams.get(conn)
+        if stream is None:
+            return
+        try:
+            tag, data = conn.recv()
+        except (EOFError, OSError):
+            self._close(conn, stream)
+            return
+        self._emit(stream, tag, data)
+        with stream.progress:
+            stream.received += len(data)
+            stream.progress.notify_all()
+
+    def _emit(self, stream, tag, data, final=False):
+        text = stream.partial[tag] + data
+        lines = text.split(b"\n")
+        stream.partial[tag] = b"" if final else lines.pop()
+        out = sys.stdout if tag == "out" else sys.stderr
+        for line in lines:
+            if final and not line:
+                continue
+            decoded = line.decode("utf-8", "replace")
+            stream.last.append(decoded)
+            try:
+                out.write(f"[{stream.node}] {decoded}\n")
+                out.flush()
+            except (OSError, ValueError):
+                pass  # the master's stream is closed; keep the lines
+
+    def _close(self, conn, stream):
+        for tag in ("out", "err"):
+            if stream.partial[tag]:
+                self._emit(stream, tag, b"", final=True)
+        with self._lock:
+            self._streams.pop(conn, None)
+        conn.close()
+        with stream.progress:
+            stream.closed.set()
+            stream.progress.notify_all()

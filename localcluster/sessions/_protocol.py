@@ -1,0 +1,87 @@
+"""Messages between the LocalHostScheduler master and its node processes.
+
+One duplex pipe per node carries pickled tuples; every request carries a
+request id (``rid``) that its reply repeats, so a late reply to a cancelled
+request is recognised and dropped::
+
+    master -> node                         node -> master
+    ("run", rid, plan_bytes)               ("ready", pid, problem)
+    ("cancel", rid)                        ("ok", rid, payload)
+    ("fetch", rid, name)                   ("error", rid, error_info)
+    ("feed", rid, name, segment, shape, dtype)
+    ("blobs", rid)  ("has", rid, name)
+    ("shutdown", rid)                      ("bye", rid)
+
+A run's payload is ``{"outputs": {name: descriptor}, "seconds": s}``; a
+descriptor ``(segment, offset, shape, dtype)`` locates a value in shared
+memory.  Errors travel as plain data (`error_info`) -- class kind, message,
+attributes and the formatted traceback -- and are rebuilt in the master
+(`rebuild_error`) with the node's traceback as ``__cause__``.
+
+A second, one-way pipe per node carries the node's stdout/stderr as
+``(stream, bytes)``.
+"""
+
+import traceback
+
+from ..errors import (BlobNotFoundError, LocalClusterError, PlanError,
+                      RemoteTraceback, TaskFailedError)
+from ..runtime.executor import Cancelled
+
+RUN, CANCEL, FETCH, FEED, BLOBS, HAS, SHUTDOWN = (
+    "run", "cancel", "fetch", "feed", "blobs", "has", "shutdown")
+READY, OK, ERROR, BYE = "ready", "ok", "error", "bye"
+
+# error kinds
+TASK, PLAN, BLOB, MEMORY, CANCELLED, OTHER = (
+    "task", "plan", "blob", "memory", "cancelled", "other")
+
+_TASK_ATTRS = ("node", "task", "step", "net", "op_type", "op_index")
+
+
+def format_tb(exc):
+    return "".join(traceback.format_exception(type(exc), exc,
+                                              exc.__traceback__))
+
+
+def error_info(exc, kind=None):
+    """Plain, picklable data describing ``exc``."""
+    if kind is None:
+        kind = (CANCELLED if isinstance(exc, Cancelled) else
+                TASK if isinstance(exc, TaskFailedError) else
+                BLOB if isinstance(exc, BlobNotFoundError) else OTHER)
+    info = {"kind": kind, "type": type(exc).__name__, "message": str(exc),
+            "traceback": format_tb(exc)}
+    if isinstance(exc, TaskFailedError):
+        info["attrs"] = {a: getattr(exc, a) for a in _TASK_ATTRS}
+        cause = exc.__cause__
+        info["traceback"] = (format_tb(cause) if cause is not None
+                             else exc.traceback_text)
+    if isinstance(exc, BlobNotFoundError):
+        info["attrs"] = {"blob": exc.blob}
+    return info
+
+
+def rebuild_error(node, info):
+    """The exception the master raises for a node's ``error_info``."""
+    kind, message = info["kind"], info["message"]
+    cause = RemoteTraceback(info["traceback"])
+    if kind == TASK:
+        err = TaskFailedError(message, traceback_text=info["traceback"],
+                              **info["attrs"])
+    elif kind == BLOB:
+        err = BlobNotFoundError(info["attrs"]["blob"], node)
+        err.args = (message,)
+    elif kind == PLAN:
+        err = PlanError(
+            f"the plan sent to node {node!r} could not be loaded there: "
+            f"{info['type']}: {message}; everything a plan references (Python"
+            " op functions, registered ops) must be importable in the node "
+            "process")
+    elif kind == CANCELLED:
+        err = Cancelled(message)
+    else:
+        err = LocalClusterError(
+            f"node {node!r} failed outside any op: {info['type']}: {message}")
+    err.__cause__ = cause
+    return err
