@@ -43,21 +43,28 @@ class _NameRegistry:
     def __init__(self):
         self._lock = threading.Lock()
         self._owners = {}   # (kind, name) -> (fingerprint, WeakSet of scopes)
+        self._given = {}    # (kind, name asked, fingerprint) -> name given
 
     def claim(self, kind, name, fingerprint, scope, fmt):
         with self._lock:
-            candidate, i = name, 0
+            # The same job asking again gets what it got before, whatever
+            # came and went in between.
+            asked = (kind, name, fingerprint)
+            candidate = self._given.get(asked, name)
+            i = 0
             while True:
                 key = (kind, candidate)
                 entry = self._owners.get(key)
                 if entry is None or not entry[1]:
                     self._owners[key] = (fingerprint, weakref.WeakSet([scope]))
-                    return candidate
+                    break
                 if entry[0] == fingerprint:
                     entry[1].add(scope)
-                    return candidate
+                    break
                 i += 1
                 candidate = fmt.format(name, i)
+            self._given[asked] = candidate
+            return candidate
 
 
 _REGISTRY = _NameRegistry()

@@ -23,6 +23,8 @@ This module is pure plan: nothing here runs.  Sessions take the grouped
 tasks and hand each node's `NodePlan` to the runtime.
 """
 
+import weakref
+
 from .context import DefaultManaged, Managed, build_scope
 from .errors import PlanError
 from .plan.net import BlobRef, Net, blob_names
@@ -182,6 +184,7 @@ class Task(Managed):
         self.node = str(Node.current(None if node is None else
                                      (node if isinstance(node, Node)
                                       else Node(node))))
+        self._group = None
         self.group = TaskGroup.current(group, required=False)
         self.name = _unique_task_name(self.node, self.group, name or "task")
         # The node's options (cpus, memory_limit, env) as registered where
@@ -210,6 +213,16 @@ class Task(Managed):
 
     def __repr__(self):
         return f"Task({self.name!r})"
+
+    # The group holds its tasks; a task refers back weakly, so a finished
+    # job is freed by reference counting alone (which frees its names).
+    @property
+    def group(self):
+        return self._group() if self._group is not None else None
+
+    @group.setter
+    def group(self, group):
+        self._group = weakref.ref(group) if group is not None else None
 
     # -- the step ----------------------------------------------------------------
 

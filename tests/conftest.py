@@ -34,9 +34,12 @@ SHM_PREFIX = "lc_"
 
 
 def shm_segments():
-    """Our shared-memory segments currently in /dev/shm."""
+    """Segments in /dev/shm of sessions this test process started (other
+    processes on the machine may have theirs; tests that start a master in
+    a subprocess check its prefix themselves)."""
+    mine = f"{SHM_PREFIX}{os.getpid()}_"
     try:
-        return {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)}
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(mine)}
     except FileNotFoundError:
         return set()
 
@@ -48,7 +51,8 @@ def _is_helper(proc):
         cmdline = " ".join(proc.cmdline())
     except psutil.Error:
         return True
-    return "forkserver" in cmdline or "resource_tracker" in cmdline
+    return ("from multiprocessing.forkserver import" in cmdline or
+            "from multiprocessing.resource_tracker import" in cmdline)
 
 
 def child_processes():

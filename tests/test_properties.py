@@ -69,3 +69,32 @@ def test_random_groups_count_like_the_model_and_keep_only_global_blobs(
                  if b == "count" or b.startswith(("task_", "instance_"))}
         assert named == kept[node]
     session.close()
+
+
+def run_and_dump(session, spec):
+    for node in NODES:
+        session.feed_blob("count", np.array(0, dtype=np.int64), node=node)
+    tg = build(spec)
+    for _ in range(spec["runs"]):
+        session.run(tg)
+    # The blobs whose value does not depend on how threads interleave (a
+    # CountUp's output, the count *before* it, does).
+    return {node: {b: session.fetch_blob(b, node) for b in session.blobs(node)
+                   if b == "count" or b.startswith(("task_", "instance_"))}
+            for node in NODES}
+
+
+@settings(max_examples=10)
+@given(group_spec)
+def test_random_groups_give_identical_blobs_under_both_sessions(spec):
+    from localcluster import LocalHostScheduler, LocalSession
+    with LocalSession() as local:
+        expected = run_and_dump(local, spec)
+    with LocalHostScheduler() as localhost:
+        got = run_and_dump(localhost, spec)
+    assert got.keys() == expected.keys()
+    for node in NODES:
+        assert got[node].keys() == expected[node].keys()
+        for name, value in expected[node].items():
+            assert got[node][name].dtype == value.dtype, name
+            np.testing.assert_array_equal(got[node][name], value)

@@ -137,3 +137,21 @@ def test_tasks_on_one_node_share_its_workspace(session):
     session.run(tg)
     assert session.fetch_blob("hits", "n") == 3
     assert session.fetch_blob("hits", "m") == 1
+
+
+@pytest.mark.parametrize("value", [
+    np.array(7),                                  # 0-d
+    np.array(True),
+    np.arange(6, dtype=np.int32).reshape(2, 3),
+    np.zeros((0, 4), dtype=np.float32),           # empty
+    np.linspace(0, 1, 5)[::2],                    # not contiguous
+])
+def test_outputs_and_fetches_keep_shape_and_dtype(session, value):
+    session.feed_blob("v", value, node="n")
+    with TaskGroup() as tg:
+        with Node("n"), Task():
+            out = final_output(ops.Copy("v"))
+    session.run(tg)
+    for got in (out.fetch(), session.fetch_blob("v", "n")):
+        assert got.shape == value.shape and got.dtype == value.dtype
+        np.testing.assert_array_equal(got, value)

@@ -66,7 +66,7 @@ def node_main(spec, conn, log_conn):
         os.setpgid(0, 0)
     except OSError:
         pass  # already a group leader (the master set it first)
-    if spec.pdeathsig:
+    if spec.pdeathsig:  # only when the master is our parent (not forkserver)
         _set_parent_death_signal(signal.SIGKILL)
         if os.getppid() != spec.master_pid:
             os._exit(1)  # the master died before we armed the signal
@@ -351,7 +351,7 @@ class _Outbox:
     def pack(self, values):
         if not values:
             return {}
-        arrays = {k: np.ascontiguousarray(v) for k, v in values.items()}
+        arrays = {k: np.asarray(v, order="C") for k, v in values.items()}
         offsets, total = {}, 0
         for name, a in arrays.items():
             offsets[name] = total

@@ -192,8 +192,8 @@ class LocalHostScheduler(Session):
         log_r, log_w = self._ctx.Pipe(duplex=False)
         fork = self._start_method == "fork"
         spec = NodeSpec(name, prefix, handle.kwargs, os.getpid(),
-                        pdeathsig=threading.current_thread() is
-                        threading.main_thread(),
+                        pdeathsig=self._start_method != "forkserver" and
+                        threading.current_thread() is threading.main_thread(),
                         close_inherited=_close_inherited if fork else None)
         process = self._ctx.Process(target=node_main,
                                     args=(spec, node_conn, log_w),
