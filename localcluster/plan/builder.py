@@ -145,12 +145,19 @@ class _RunOnce(NetBuilder):
 
 
 class Loop(NetBuilder):
-    """``with ops.loop(n) as loop:`` -- see the module docstring."""
+    """``with ops.loop(n) as loop:`` -- see the module docstring.
+
+    A loop with an int count and no ``stop_if`` in its body compiles to a
+    step with ``num_iter=n`` (one net per iteration, no stop test); one
+    that can stop early, or whose count is a blob, tests its counter
+    against the count at the start of every iteration.
+    """
 
     def __init__(self, n=None, name=None):
         super().__init__(name or "loop", _stop_blob_required=n is None)
         self._iter = None
         self._n = None
+        self._count = None
         if n is not None:
             if isinstance(n, bool) or not isinstance(n, (int, str)):
                 raise PlanError(
@@ -159,7 +166,8 @@ class Loop(NetBuilder):
             if isinstance(n, int) and n < 0:
                 raise PlanError(f"ops.loop(n): n must be >= 0, got {n}")
             # Created in the parent, so they are reset each time the loop is
-            # entered.
+            # entered (a blob count is read then, too).
+            self._count = n if isinstance(n, int) else None
             self._n = ops.Const(n) if isinstance(n, int) else ops.Copy(n)
             self._iter = ops.Const(0)
             self._one = ops.Const(1)
@@ -171,21 +179,32 @@ class Loop(NetBuilder):
                 "loop.iter() needs a loop with a count: ops.loop(n)")
         return self._iter
 
+    def stop_blob(self):
+        if self._stop_blob is None and self._n is not None:
+            # The count test, first in every iteration, writes the stop blob
+            # itself; stop_if in the body ORs into it.
+            test = Net(f"{self.name}/test")
+            self._stop_blob = test.next_blob("stop", ("loop", self._n))
+            test.GE([self._iter, self._n], [self._stop_blob])
+            self._children.insert(0, test)
+        return super().stop_blob()
+
     def __enter__(self):
         super().__enter__()
-        if self._n is not None:
-            # The count test writes the stop blob itself (no reset + Or):
-            # two ops per iteration is the whole cost of a counted loop.
-            net = self.current_net()
-            self._stop_blob = net.next_blob("stop", ("loop", self._n))
-            net.GE([self._iter, self._n], [self._stop_blob])
-            self._current_net = None
+        if self._n is not None and self._count is None:
+            self.stop_blob()
         return self
 
     def __exit__(self, etype, *args):
         if etype is None and self._n is not None:
             self.current_net().Add([self._iter, self._one], [self._iter])
         super().__exit__(etype, *args)
+
+    def to_step(self, default_name=None):
+        step = super().to_step(default_name)
+        if self._count is not None and self._stop_blob is None:
+            step = step.replace(num_iter=self._count)
+        return step
 
 
 class StopGuard(_RunOnce):

@@ -31,7 +31,7 @@ import traceback
 
 import numpy as np
 
-from ..errors import TaskFailedError
+from ..errors import BlobNotFoundError, TaskFailedError
 from ..kernels import registry
 from ..kernels.registry import OpContext
 
@@ -104,12 +104,20 @@ def _fail(rc, exc, task, step, net, index):
     return err
 
 
-def _run_net(net, code, ws, rc, task, step):
+def _accessors(ws):
+    """(get, put) for ``ws``: the store's own methods for a global
+    workspace (no parent to walk), the workspace's for a child."""
+    if ws.parent is None:
+        store = ws._blobs
+        return store.__getitem__, store.put
+    return ws.get, ws.set
+
+
+def _run_net(net, code, get, put, ws, rc, task, step):
     # Cancellation is checked per net: one op cannot loop, and blocking ops
     # watch the cancellation event themselves.
     if rc.cancelled.is_set():
         raise Cancelled(f"run on node {rc.node!r} was cancelled")
-    get, put = ws.get, ws.set
     ndarray, asarray = np.ndarray, np.asarray
     for index, (kernel, inputs, single, outputs, lenient) in enumerate(code):
         try:
@@ -124,7 +132,19 @@ def _run_net(net, code, ws, rc, task, step):
         except Cancelled:
             raise
         except Exception as exc:
-            raise _fail(rc, exc, task, step, net, index) from exc
+            raise _fail(rc, _missing_blob(exc, ws, code[index][1]), task,
+                        step, net, index) from exc
+
+
+def _missing_blob(exc, ws, inputs):
+    """A bare KeyError of the store's lookup, as the error it means."""
+    if type(exc) is KeyError and exc.args and exc.args[0] in inputs and \
+            not ws.has(exc.args[0]):
+        return BlobNotFoundError(
+            exc.args[0], ws.node,
+            "nothing wrote it before it was read: check the order of your "
+            "ops, or feed it with session.feed_blob")
+    return exc
 
 
 def _store(outputs, result, lenient, put):
@@ -152,10 +172,12 @@ def _describe(result):
     return f"one {type(result).__name__}"
 
 
-def _stopped(step, ws):
-    if step.should_stop_blob is None:
+def _stopped(name, ws):
+    if name is None:
         return False
-    value = ws.get_or_none(step.should_stop_blob)
+    value = ws._blobs.get(name)
+    if value is None:
+        value = ws.get_or_none(name)
     if value is None:
         return False
     return bool(value) if value.size == 1 else bool(value.any())
@@ -203,25 +225,36 @@ def _passes(step, regular, ws, rc, task):
         limit = 1
     else:
         limit = None
-    nets = [(net, rc.compiled(net)) for net in step.nets]
+    if step.nets:
+        nets = [(net, rc.compiled(net)) for net in step.nets]
+        get, put = _accessors(ws)
+        if step.should_stop_blob is None:  # plain repetition: no stop test
+            for _ in range(limit):
+                for net, code in nets:
+                    _run_net(net, code, get, put, ws, rc, task, step)
+            return
+        stop = step.should_stop_blob
+        i = 0
+        while limit is None or i < limit:
+            for net, code in nets:
+                _run_net(net, code, get, put, ws, rc, task, step)
+                if _stopped(stop, ws):
+                    return
+            i += 1
+        return
     i = 0
     while limit is None or i < limit:
         rc.check()
-        if nets:
-            for net, code in nets:
-                _run_net(net, code, ws, rc, task, step)
-                if _stopped(step, ws):
-                    return
-        elif step.concurrent_substeps and len(regular) > 1:
+        if step.concurrent_substeps and len(regular) > 1:
             run_concurrently(
                 [functools.partial(execute, s, ws, rc, task) for s in regular],
                 rc, step.name)
-            if _stopped(step, ws):
+            if _stopped(step.should_stop_blob, ws):
                 return
         else:
             for sub in regular:
                 execute(sub, ws, rc, task)
-                if _stopped(step, ws):
+                if _stopped(step.should_stop_blob, ws):
                     return
         i += 1
 
