@@ -21,7 +21,15 @@ from ..context import BuildScope, build_scope
 from ..errors import PlanError
 from ..kernels import registry
 
-__all__ = ["BlobRef", "Op", "Net", "blob_names"]
+__all__ = ["BlobRef", "Op", "Net", "blob_names", "plan_epoch"]
+
+# Bumped whenever any net gains an op: a cache of prepared plans (pickled
+# for the node processes, say) is valid while the epoch is unchanged.
+_epoch = [0]
+
+
+def plan_epoch():
+    return _epoch[0]
 
 
 class BlobRef(str):
@@ -207,6 +215,7 @@ class Net:
             out_refs = tuple(BlobRef(n) for n in
                              blob_names(outputs, f"outputs of {schema.name}"))
         schema.check_num_outputs(len(out_refs))
+        _epoch[0] += 1
         self._ops.append(Op(schema.name, in_names,
                             tuple(str(o) for o in out_refs), args))
         if len(out_refs) == 1:

@@ -49,7 +49,8 @@ def as_workspace_type(value, what):
 class NodePlan:
     """What a session hands the runtime for one node of one group run."""
 
-    __slots__ = ("node", "step", "workspace_type", "outputs", "node_kwargs")
+    __slots__ = ("node", "step", "workspace_type", "outputs", "node_kwargs",
+                 "__weakref__")
 
     def __init__(self, node, step, workspace_type, outputs, node_kwargs=None):
         self.node = node

@@ -45,7 +45,14 @@ class Cancelled(Exception):
 
 
 class RunContext:
-    """What the executor needs of the node it runs on, for one run."""
+    """What the executor needs of the node it runs on.
+
+    One per node, kept across runs: it caches each net's compiled ops
+    (kernels bound to their arguments), so a group run again does not
+    compile again.  `begin` starts a run (clears the cancellation).
+    """
+
+    MAX_COMPILED = 4096
 
     def __init__(self, node, lock, cancelled=None, resources=None):
         self.node = node
@@ -55,6 +62,9 @@ class RunContext:
                                     resources if resources is not None else {})
         self._compiled = {}
         self._compile_lock = threading.Lock()
+
+    def begin(self):
+        self.cancelled.clear()
 
     def check(self):
         if self.cancelled.is_set():
@@ -68,6 +78,8 @@ class RunContext:
             return found[2]
         with self._compile_lock:
             code = [self._compile_op(op) for op in net._ops]
+            if len(self._compiled) >= self.MAX_COMPILED:
+                self._compiled.clear()
             self._compiled[key] = (net, len(net._ops), code)
         return code
 

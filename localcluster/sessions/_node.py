@@ -16,6 +16,7 @@ parent-death signal) and exits by itself on pipe EOF; a clean exit is
 announced with ``("bye", rid)``, so any other exit is a crash.
 """
 
+import collections
 import ctypes
 import io
 import logging
@@ -23,6 +24,7 @@ import os
 import pickle
 import queue
 import resource
+import select
 import selectors
 import signal
 import sys
@@ -156,7 +158,8 @@ class _Output:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        for fd in self.pipes:
+        ready, _, _ = select.select(list(self.pipes), [], [], 0)
+        for fd in ready:
             self._forward(fd)
         return self.sent
 
@@ -205,7 +208,8 @@ class _NodeServer:
         self.cancelled = threading.Event()
         self.current_rid = None
         self.outbox = _Outbox(spec.prefix + "out")
-        self.resources = {}
+        self.rc = RunContext(spec.name, workspace.lock, self.cancelled, {})
+        self.plans = collections.OrderedDict()   # plan id -> plan
         self.send_lock = threading.Lock()
 
     def send(self, msg):
@@ -266,7 +270,7 @@ class _NodeServer:
     def handle(self, kind, rid, args):
         try:
             if kind == P.RUN:
-                return (P.OK, rid, self.run(rid, args[0]))
+                return (P.OK, rid, self.run(rid, *args))
             if kind == P.FETCH:
                 return (P.OK, rid, self.describe(args[0]))
             if kind == P.FEED:
@@ -287,20 +291,29 @@ class _NodeServer:
                 raise _MemoryLimit(exc) from exc
             return (P.ERROR, rid, P.error_info(exc))
 
-    def run(self, rid, plan_bytes):
+    def load(self, plan_id, plan_bytes):
+        """The plan with ``plan_id``: sent now, or kept from an earlier run
+        (the master mirrors this cache: same size, same eviction order)."""
+        if plan_bytes is None:
+            return self.plans[plan_id]
         try:
             plan, user_ops = pickle.loads(plan_bytes)
             for schema in user_ops.values():
                 registry.ensure_registered(schema)
         except BaseException as exc:  # noqa: BLE001 - reported as a plan error
             raise _PlanLoadError(exc) from exc
-        self.cancelled.clear()
+        self.plans[plan_id] = plan
+        if len(self.plans) > P.PLAN_CACHE:
+            self.plans.popitem(last=False)
+        return plan
+
+    def run(self, rid, plan_id, plan_bytes):
+        plan = self.load(plan_id, plan_bytes)
+        self.rc.begin()
         self.current_rid = rid
         start = time.perf_counter()
         try:
-            rc = RunContext(self.spec.name, self.ws.lock, self.cancelled,
-                            self.resources)
-            values = run_node_plan(plan, self.ws, rc, copy_outputs=False)
+            values = run_node_plan(plan, self.ws, self.rc, copy_outputs=False)
         finally:
             self.current_rid = None
         return {"outputs": self.outbox.pack(values),

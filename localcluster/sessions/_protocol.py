@@ -5,14 +5,17 @@ request id (``rid``) that its reply repeats, so a late reply to a cancelled
 request is recognised and dropped::
 
     master -> node                         node -> master
-    ("run", rid, plan_bytes)               ("ready", pid, problem)
+    ("run", rid, plan_id, plan_bytes)      ("ready", pid, problem)
     ("cancel", rid)                        ("ok", rid, payload)
     ("fetch", rid, name)                   ("error", rid, error_info)
     ("feed", rid, name, segment, shape, dtype)
     ("blobs", rid)  ("has", rid, name)
     ("shutdown", rid)                      ("bye", rid)
 
-A run's payload is ``{"outputs": {name: descriptor}, "seconds": s}``; a
+A node keeps the last PLAN_CACHE plans it was sent; the master mirrors that
+cache and sends ``plan_bytes=None`` for a plan the node has.  Every reply
+ends with the number of output bytes the node had sent by then (see
+`_logpump`).  A run's payload is ``{"outputs": {name: descriptor}, "seconds": s}``; a
 descriptor ``(segment, offset, shape, dtype)`` locates a value in shared
 memory.  Errors travel as plain data (`error_info`) -- class kind, message,
 attributes and the formatted traceback -- and are rebuilt in the master
@@ -27,6 +30,9 @@ import traceback
 from ..errors import (BlobNotFoundError, LocalClusterError, PlanError,
                       RemoteTraceback, TaskFailedError)
 from ..runtime.executor import Cancelled
+
+#: plans a node keeps (first in, first out)
+PLAN_CACHE = 64
 
 RUN, CANCEL, FETCH, FEED, BLOBS, HAS, SHUTDOWN = (
     "run", "cancel", "fetch", "feed", "blobs", "has", "shutdown")

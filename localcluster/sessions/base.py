@@ -18,7 +18,7 @@ import threading
 import weakref
 
 from ..errors import PlanError, SessionClosedError
-from ..plan.net import Net
+from ..plan.net import Net, plan_epoch
 from ..plan.node_plan import WorkspaceType, as_workspace_type
 from ..plan.step import ExecutionStep, to_execution_step
 from ..task import Task, TaskGroup
@@ -42,6 +42,7 @@ class Session:
         self._broken_reason = None
         self._run_lock = threading.Lock()
         self._compiled = weakref.WeakKeyDictionary()
+        self._plans = weakref.WeakKeyDictionary()  # group -> (epoch, plans)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -132,7 +133,7 @@ class Session:
             raise ValueError(
                 f"timeout must be a positive number of seconds, got {timeout!r}")
         group = self.compile(runnable, workspace_type)
-        plans = group.node_plans()
+        plans = self._node_plans(group)
         with self._run_lock:
             self._check_open()
             log.debug("running %d node plan(s): %s", len(plans),
@@ -142,6 +143,15 @@ class Session:
             values = results.get(task.node, {})
             for output in task.outputs():
                 output.set([values[str(n)] for n in output.names])
+
+    def _node_plans(self, group):
+        """``group.node_plans()``, made once while no net changes."""
+        cached = self._plans.get(group)
+        if cached is not None and cached[0] == plan_epoch():
+            return cached[1]
+        plans = group.node_plans()
+        self._plans[group] = (plan_epoch(), plans)
+        return plans
 
     def _run_plans(self, plans, timeout):
         """Run the plans concurrently; return ``{node: {blob: value}}``."""

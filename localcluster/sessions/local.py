@@ -1,8 +1,9 @@
 """LocalSession: every node an in-process workspace, tasks on threads.
 
 The reference semantics, and the fastest session for small tests.  Each
-node name gets its own `Workspace` the first time it is used; a run starts
-one thread per node of the group (the calling thread itself when there is
+node name gets its own `Workspace`, `RunContext` (compiled nets are kept
+across runs) and worker thread the first time it is used; a run hands each
+node's plan to its worker (or runs it on the calling thread when there is
 one node and no timeout), and the first failure cancels the others.
 
 A run that times out is cancelled; its threads stop at their next op.  A
@@ -38,7 +39,8 @@ class LocalSession(Session):
     def __init__(self):
         super().__init__()
         self._workspaces = {}
-        self._resources = {}
+        self._contexts = {}
+        self._workers = {}
 
     def __repr__(self):
         return f"LocalSession(nodes={sorted(self._workspaces)}, " \
@@ -51,36 +53,47 @@ class LocalSession(Session):
         return ws
 
     def _close(self):
+        for worker in self._workers.values():
+            worker.put(None)
+        self._workers.clear()
         self._workspaces.clear()
+        self._contexts.clear()
 
     # -- running ----------------------------------------------------------------
 
-    def _context(self, node, cancelled):
-        return RunContext(node, self._workspace(node).lock, cancelled,
-                          self._resources.setdefault(node, {}))
+    def _context(self, node):
+        rc = self._contexts.get(node)
+        if rc is None:
+            rc = self._contexts[node] = RunContext(
+                node, self._workspace(node).lock)
+        return rc
+
+    def _worker(self, node):
+        worker = self._workers.get(node)
+        if worker is None:
+            worker = self._workers[node] = queue.SimpleQueue()
+            threading.Thread(target=_work, args=(worker,), daemon=True,
+                             name=f"lc:{node}").start()
+        return worker
 
     def _run_plans(self, plans, timeout):
-        cancelled = threading.Event()
+        contexts = {p.node: self._context(p.node) for p in plans}
+        for rc in contexts.values():
+            rc.begin()
         if len(plans) == 1 and timeout is None:
             plan = plans[0]
-            return {plan.node: run_node_plan(
-                plan, self._workspace(plan.node),
-                self._context(plan.node, cancelled))}
-        done = queue.Queue()
+            return {plan.node: run_node_plan(plan, self._workspace(plan.node),
+                                             contexts[plan.node])}
+        done = queue.SimpleQueue()
 
-        def node_main(plan):
-            try:
-                result = run_node_plan(plan, self._workspace(plan.node),
-                                       self._context(plan.node, cancelled))
-                done.put((plan.node, result, None))
-            except BaseException as exc:  # noqa: BLE001 - re-raised below
-                cancelled.set()
-                done.put((plan.node, None, exc))
+        def cancel_all():
+            for rc in contexts.values():
+                rc.cancelled.set()
 
         for plan in plans:
-            self._workspace(plan.node)  # created here, not on the threads
-            threading.Thread(target=node_main, args=(plan,), daemon=True,
-                             name=f"lc:{plan.node}").start()
+            self._worker(plan.node).put(
+                (plan, self._workspace(plan.node), contexts[plan.node],
+                 done, cancel_all))
         deadline = None if timeout is None else time.monotonic() + timeout
         results, errors, pending = {}, [], len(plans)
         try:
@@ -96,14 +109,14 @@ class LocalSession(Session):
                     errors.append(exc)
                     break
         except queue.Empty:
-            cancelled.set()
+            cancel_all()
             _, stuck = self._collect(done, pending)
             raise RunTimeoutError(
                 f"run did not finish within {timeout} s; it was cancelled"
                 + (f" ({stuck} node thread(s) did not stop, so the session "
                    "is now broken)" if stuck else "")) from None
         except BaseException:
-            cancelled.set()
+            cancel_all()
             self._collect(done, pending)
             raise
         if errors:
@@ -161,3 +174,19 @@ class LocalSession(Session):
         self._check_open()
         ws = self._workspaces.get(str(node))
         return ws is not None and ws.has(str(name))
+
+
+def _work(jobs):
+    """A node's worker thread: runs the plans handed to it, in order."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        plan, workspace, rc, done, cancel_all = job
+        try:
+            result = run_node_plan(plan, workspace, rc)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            cancel_all()
+            done.put((plan.node, None, exc))
+        else:
+            done.put((plan.node, result, None))

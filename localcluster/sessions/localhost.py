@@ -26,6 +26,7 @@ next scheduler if this master was killed (see `localcluster.runtime.shm`).
 """
 
 import atexit
+import collections
 import enum
 import itertools
 import logging
@@ -90,6 +91,7 @@ class _Node:
         self.log = None       # LogPump stream
         self.state = NodeState.IDLE
         self.pid = None
+        self.plans = collections.OrderedDict()  # mirror of the node's cache
 
     def __repr__(self):
         return f"_Node({self.name!r}, pid={self.pid}, {self.state.value})"
@@ -137,6 +139,8 @@ class LocalHostScheduler(Session):
         self._feed_seq = itertools.count()
         self._rids = itertools.count(1)
         self._maps = {}
+        self._prepared = weakref.WeakKeyDictionary()  # NodePlan -> (id, bytes)
+        self._plan_ids = itertools.count(1)
         shm.sweep_stale()
         self._pump = LogPump()
         _live.add(self)
@@ -308,16 +312,36 @@ class LocalHostScheduler(Session):
 
     # -- running ---------------------------------------------------------------------
 
+    def _prepare(self, plan):
+        """(plan id, pickled plan), made once per NodePlan."""
+        prepared = self._prepared.get(plan)
+        if prepared is None:
+            prepared = (next(self._plan_ids), _pickle_plan(plan))
+            self._prepared[plan] = prepared
+        return prepared
+
+    def _run_message(self, handle, rid, plan):
+        plan_id, payload = self._prepare(plan)
+        if plan_id in handle.plans:
+            return (P.RUN, rid, plan_id, None)
+        handle.plans[plan_id] = True
+        if len(handle.plans) > P.PLAN_CACHE:
+            handle.plans.popitem(last=False)
+        return (P.RUN, rid, plan_id, payload)
+
     def _run_plans(self, plans, timeout):
         timeout = timeout if timeout is not None else self._default_timeout
-        payloads = {p.node: _pickle_plan(p) for p in plans}
+        by_node = {p.node: p for p in plans}
+        for plan in plans:
+            self._prepare(plan)  # a plan that cannot be sent fails here
         handles = self._ensure({p.node: p.node_kwargs for p in plans})
         rid = next(self._rids)
         state = RunState([h.name for h in handles], rid)
         by_name = {h.name: h for h in handles}
         for handle in handles:
             try:
-                handle.send((P.RUN, rid, payloads[handle.name]))
+                handle.send(self._run_message(handle, rid,
+                                              by_node[handle.name]))
                 handle.state = NodeState.RUNNING
             except (OSError, EOFError):
                 state.failed(handle.name, self._death_error(handle,
