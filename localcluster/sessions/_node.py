@@ -80,7 +80,7 @@ def node_main(spec, conn, log_conn):
     store = shm.ShmStore(spec.prefix)
     server = _NodeServer(spec, conn, Workspace(spec.name, store=store), store,
                          output)
-    conn.send((P.READY, os.getpid(), problem))
+    P.send(conn, (P.READY, os.getpid(), problem))
     if problem is not None:
         os._exit(2)
     code = server.serve()
@@ -214,12 +214,12 @@ class _NodeServer:
 
     def send(self, msg):
         with self.send_lock:
-            self.conn.send(msg)
+            P.send(self.conn, msg)
 
     def listen(self):
         while True:
             try:
-                msg = self.conn.recv()
+                msg = P.recv(self.conn)
             except (EOFError, OSError):
                 self.cancelled.set()  # the master is gone: stop and leave
                 self.requests.put((P.SHUTDOWN, None))

@@ -25,6 +25,7 @@ A second, one-way pipe per node carries the node's stdout/stderr as
 ``(stream, bytes)``.
 """
 
+import pickle
 import traceback
 
 from ..errors import (BlobNotFoundError, LocalClusterError, PlanError,
@@ -37,6 +38,15 @@ PLAN_CACHE = 64
 RUN, CANCEL, FETCH, FEED, BLOBS, HAS, SHUTDOWN = (
     "run", "cancel", "fetch", "feed", "blobs", "has", "shutdown")
 READY, OK, ERROR, BYE = "ready", "ok", "error", "bye"
+
+def send(conn, msg):
+    """Send ``msg`` (plain data: no fds or connections) over ``conn``."""
+    conn.send_bytes(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
+
+
+def recv(conn):
+    return pickle.loads(conn.recv_bytes())
+
 
 # error kinds
 TASK, PLAN, BLOB, MEMORY, CANCELLED, OTHER = (

@@ -17,7 +17,7 @@
       copy outputs out of shared memory
     fetch_blob(name, node)  -> ("fetch") -> descriptor -> map segment
 
-The wait is one multiplexed ``connection.wait`` on every pending node's pipe
+The wait is one multiplexed ``poll`` on every live node's pipe
 *and* process sentinel, so a death is seen at once; every other wait has a
 bound.  The per-run bookkeeping is `_runstate.RunState`.  Shutdown asks,
 waits, then SIGTERMs and SIGKILLs each node's process group; every segment
@@ -29,10 +29,12 @@ import atexit
 import collections
 import enum
 import itertools
+import math
 import logging
 import multiprocessing
 import os
 import pickle
+import select
 import signal
 import threading
 import time
@@ -79,6 +81,35 @@ class NodeState(enum.Enum):
     DEAD = "dead"
 
 
+_CONN, _SENTINEL = "conn", "sentinel"
+
+
+class _Poller:
+    """One persistent poll set over every live node's pipe and sentinel,
+    so a run's wait costs one system call, not a selector built anew."""
+
+    def __init__(self):
+        self._poll = select.poll()
+        self._fds = {}
+
+    def add(self, handle):
+        for fd, kind in ((handle.conn.fileno(), _CONN),
+                         (handle.process.sentinel, _SENTINEL)):
+            self._poll.register(fd, select.POLLIN)
+            self._fds[fd] = (handle, kind)
+
+    def remove(self, handle):
+        for fd, (owner, _) in list(self._fds.items()):
+            if owner is handle:
+                self._poll.unregister(fd)
+                del self._fds[fd]
+
+    def wait(self, timeout):
+        ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+        return [self._fds[fd] for fd, _ in self._poll.poll(ms)
+                if fd in self._fds]
+
+
 class _Node:
     """The master's handle on one node process (one incarnation)."""
 
@@ -97,7 +128,7 @@ class _Node:
         return f"_Node({self.name!r}, pid={self.pid}, {self.state.value})"
 
     def send(self, msg):
-        self.conn.send(msg)
+        P.send(self.conn, msg)
 
 
 def _signal_name(exitcode):
@@ -141,6 +172,7 @@ class LocalHostScheduler(Session):
         self._maps = {}
         self._prepared = weakref.WeakKeyDictionary()  # NodePlan -> (id, bytes)
         self._plan_ids = itertools.count(1)
+        self._poller = _Poller()
         shm.sweep_stale()
         self._pump = LogPump()
         _live.add(self)
@@ -218,6 +250,7 @@ class LocalHostScheduler(Session):
             process.pid
         handle.log = self._pump.add(log_r, name)
         self._nodes[name] = handle
+        self._poller.add(handle)
         log.debug("started node %r (pid %d)", name, process.pid)
         return handle
 
@@ -246,7 +279,7 @@ class LocalHostScheduler(Session):
                     continue
                 sentinels.pop(handle.process.sentinel, None)
                 try:
-                    msg = handle.conn.recv()
+                    msg = P.recv(handle.conn)
                 except (EOFError, OSError):
                     problems.append(self._death_error(handle, "starting"))
                     continue
@@ -265,6 +298,7 @@ class LocalHostScheduler(Session):
             self._killpg(handle, signal.SIGKILL)
             handle.process.join(SHUTDOWN_STEP)
         handle.state = NodeState.DEAD
+        self._poller.remove(handle)
         handle.conn.close()
         handle.log.closed.wait(0.5)
         shm.sweep(handle.prefix)
@@ -372,30 +406,38 @@ class LocalHostScheduler(Session):
                     not state.cancelling:
                 self._timeout(state, by_name, timeout)
                 return
-            limits = [t for t in (deadline, state.cancel_deadline)
-                      if t is not None and (t != deadline or
-                                            not state.cancelling)]
-            wait = max(0.0, min(limits) - now) if limits else None
-            pending = [by_name[n] for n in state.pending]
-            objects = [h.conn for h in pending] + \
-                [h.process.sentinel for h in pending]
-            for obj in connection.wait(objects, wait):
-                self._on_ready(obj, state, by_name)
+            limit = state.cancel_deadline if state.cancelling else deadline
+            self._events(state, by_name,
+                         None if limit is None else max(0.0, limit - now))
 
-    def _on_ready(self, obj, state, by_name):
-        for name in list(state.pending):
-            handle = by_name[name]
-            if obj is handle.conn:
+    def _events(self, state, by_name, wait):
+        """Wait up to ``wait`` s for the nodes; apply what happened."""
+        for handle, kind in self._poller.wait(wait):
+            if by_name.get(handle.name) is not handle or \
+                    handle.name not in state.pending:
+                self._idle_event(handle, kind)
+            elif kind == _CONN:
                 try:
-                    msg = handle.conn.recv()
+                    msg = P.recv(handle.conn)
                 except (EOFError, OSError):
-                    state.failed(name, self._death_error(handle, "running"))
-                    return
+                    state.failed(handle.name,
+                                 self._death_error(handle, "running"))
+                    continue
                 self._on_message(handle, msg, state)
+            else:
+                state.failed(handle.name, self._death_error(handle, "running"))
+
+    def _idle_event(self, handle, kind):
+        """A node outside the run spoke (a late reply) or died."""
+        if handle.state is NodeState.DEAD:
+            return
+        if kind == _CONN:
+            try:
+                P.recv(handle.conn)  # a reply to an abandoned request
                 return
-            if obj == handle.process.sentinel:
-                state.failed(name, self._death_error(handle, "running"))
-                return
+            except (EOFError, OSError):
+                pass
+        log.warning("%s", self._death_error(handle, "idle"))
 
     def _on_message(self, handle, msg, state):
         kind, rid = msg[0], msg[1]
@@ -431,23 +473,7 @@ class LocalHostScheduler(Session):
     def _timeout(self, state, by_name, timeout):
         """Cancel the late nodes, kill those that do not stop, and raise."""
         late = list(state.pending)
-        self._cancel(state, by_name, time.monotonic())
-        killed = []
-        while state.pending:
-            now = time.monotonic()
-            overdue = state.overdue(now)
-            if overdue:
-                for name in overdue:
-                    self._kill(by_name[name])
-                    killed.append(name)
-                    state.failed(name, Cancelled(f"node {name!r} killed"))
-                break
-            pending = [by_name[n] for n in state.pending]
-            objects = [h.conn for h in pending] + \
-                [h.process.sentinel for h in pending]
-            for obj in connection.wait(objects,
-                                       max(0.0, state.cancel_deadline - now)):
-                self._on_ready(obj, state, by_name)
+        killed = self._stop_pending(state, by_name)
         what = (f"; hung node(s) {killed} were killed and restart with an "
                 "empty workspace on the next run" if killed else
                 "; the late nodes stopped when cancelled")
@@ -457,21 +483,23 @@ class LocalHostScheduler(Session):
 
     def _abort(self, state, by_name):
         """An interrupted run (Ctrl-C, an internal error): stop the nodes."""
-        if state.finished():
-            return
+        if not state.finished():
+            self._stop_pending(state, by_name)
+
+    def _stop_pending(self, state, by_name):
+        """Cancel the pending nodes; kill those still running after the
+        grace period.  Returns the names of the killed ones."""
         self._cancel(state, by_name, time.monotonic())
-        deadline = time.monotonic() + CANCEL_GRACE
-        while state.pending and time.monotonic() < deadline:
-            pending = [by_name[n] for n in state.pending]
-            objects = [h.conn for h in pending] + \
-                [h.process.sentinel for h in pending]
-            ready = connection.wait(objects,
-                                    max(0.0, deadline - time.monotonic()))
-            for obj in ready:
-                self._on_ready(obj, state, by_name)
-        for name in list(state.pending):
+        while state.pending:
+            now = time.monotonic()
+            if state.overdue(now):
+                break
+            self._events(state, by_name, max(0.0, state.cancel_deadline - now))
+        killed = list(state.pending)
+        for name in killed:
             self._kill(by_name[name])
             state.failed(name, Cancelled(f"node {name!r} killed"))
+        return killed
 
     def _copy_outputs(self, node, descriptors):
         return {name: self._read(node, desc, copy=True)
@@ -514,7 +542,7 @@ class LocalHostScheduler(Session):
                     f"node {handle.name!r} did not answer {msg[0]!r} within "
                     f"{REQUEST_TIMEOUT} s; it was killed")
             try:
-                reply = handle.conn.recv()
+                reply = P.recv(handle.conn)
             except (EOFError, OSError):
                 raise self._death_error(handle,
                                         f"handling {msg[0]}") from None
