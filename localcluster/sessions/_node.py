@@ -2,18 +2,25 @@
 
 ::
 
-    master --(requests)--> [listener thread] --queue--> [main thread]
-       ^                        | "cancel": sets the run's event        |
-       |                        | EOF: master gone -> cancel + shutdown |
-       +----------------(replies, outputs as shm descriptors)-----------+
+    master --(requests)------------------------------> [main thread]
+       <--(replies, outputs as shm descriptors)------  runs one at a time
+    cancel: rid -> control word (shm), then SIGUSR1 --> [canceller thread]
+                                    sets the run's event if rid is current
+    master hangs up (POLLRDHUP) ----------------------> [watcher thread]
     stdout/stderr fds --> [forwarder thread] --(stream, bytes)--> master
 
-The main thread runs one request at a time against the node's global
-`Workspace`, whose arrays live in shared memory (`ShmStore`).  The listener
-makes a run cancellable while it executes.  The process is its own process
-group, gets SIGKILL if the master's launching thread dies (Linux
-parent-death signal) and exits by itself on pipe EOF; a clean exit is
-announced with ``("bye", rid)``, so any other exit is a crash.
+The main thread reads requests itself and runs them against the node's
+global `Workspace`, whose arrays live in shared memory (`ShmStore`); no
+thread hand-off sits on the path of a request.  A cancellation cannot come
+through the pipe while the main thread is busy, so the master writes the
+run id to cancel into a shared control word and sends SIGUSR1; the signal
+handler only wakes the canceller thread (a reentrant queue put), which
+cancels the run if that id is the current one -- a cancellation that
+arrives before its run starts is seen when it starts.  The process is its
+own process group, gets SIGKILL if the master's launching thread dies
+(Linux parent-death signal), and the watcher cancels the run and the main
+loop ends on pipe EOF when the master goes away; a clean exit is announced
+with ``("bye", rid)``, so any other exit is a crash.
 """
 
 import collections
@@ -27,6 +34,7 @@ import resource
 import select
 import selectors
 import signal
+import struct
 import sys
 import threading
 import time
@@ -53,9 +61,10 @@ class NodeSpec:
     """What a node process needs to start (picklable for spawn)."""
 
     def __init__(self, name, prefix, kwargs, master_pid, pdeathsig,
-                 close_inherited=None):
+                 control, close_inherited=None):
         self.name = name
         self.prefix = prefix            # segment prefix of this incarnation
+        self.control = control          # segment: int64 rid to cancel
         self.kwargs = kwargs            # cpus, memory_limit, env
         self.master_pid = master_pid
         self.pdeathsig = pdeathsig
@@ -204,47 +213,74 @@ class _NodeServer:
         self.conn = conn
         self.ws = workspace
         self.store = store
-        self.requests = queue.Queue()
         self.cancelled = threading.Event()
+        self.control = shm.map_segment(spec.control)
+        self.run_lock = threading.Lock()
         self.current_rid = None
+        self.wakeups = queue.SimpleQueue()
         self.outbox = _Outbox(spec.prefix + "out")
         self.rc = RunContext(spec.name, workspace.lock, self.cancelled, {})
         self.plans = collections.OrderedDict()   # plan id -> plan
         self.send_lock = threading.Lock()
+        signal.signal(signal.SIGUSR1, self._on_cancel_signal)
+        threading.Thread(target=self._canceller, daemon=True,
+                         name="lc:canceller").start()
+        threading.Thread(target=self._watch_master, daemon=True,
+                         name="lc:watcher").start()
 
     def send(self, msg):
         with self.send_lock:
             P.send(self.conn, msg)
 
-    def listen(self):
+    # -- cancellation -------------------------------------------------------
+
+    def _on_cancel_signal(self, signum, frame):
+        self.wakeups.put_nowait(None)  # reentrant: safe in a handler
+
+    def _cancel_rid(self):
+        return struct.unpack_from("q", self.control, 0)[0]
+
+    def _canceller(self):
+        while True:
+            self.wakeups.get()
+            with self.run_lock:
+                if self.current_rid is not None and \
+                        self._cancel_rid() >= self.current_rid:
+                    self.cancelled.set()
+
+    def _watch_master(self):
+        poller = select.poll()
+        poller.register(self.conn.fileno(), select.POLLRDHUP)
+        poller.poll()
+        self.cancelled.set()  # the master is gone: stop; the loop ends
+
+    def _start_run(self, rid):
+        with self.run_lock:
+            self.current_rid = rid
+            self.rc.begin()
+            if self._cancel_rid() >= rid:
+                self.cancelled.set()
+
+    def _end_run(self):
+        with self.run_lock:
+            self.current_rid = None
+
+    # -- requests -----------------------------------------------------------
+
+    def serve(self):
         while True:
             try:
                 msg = P.recv(self.conn)
             except (EOFError, OSError):
-                self.cancelled.set()  # the master is gone: stop and leave
-                self.requests.put((P.SHUTDOWN, None))
-                return
-            if msg[0] == P.CANCEL:
-                if msg[1] == self.current_rid:
-                    self.cancelled.set()
-                continue
-            self.requests.put(msg)
-            if msg[0] == P.SHUTDOWN:
-                return
-
-    def serve(self):
-        threading.Thread(target=self.listen, daemon=True,
-                         name="lc:listener").start()
-        while True:
-            msg = self.requests.get()
+                self.close()  # the master is gone
+                return 0
             kind, rid = msg[0], msg[1]
             if kind == P.SHUTDOWN:
                 self.close()
-                if rid is not None:
-                    try:
-                        self.send((P.BYE, rid))
-                    except (OSError, EOFError):
-                        pass
+                try:
+                    self.send((P.BYE, rid))
+                except (OSError, EOFError):
+                    pass
                 return 0
             try:
                 reply = self.handle(kind, rid, msg[2:])
@@ -261,7 +297,7 @@ class _NodeServer:
         try:
             self.send(msg)
         except (OSError, EOFError):
-            pass  # the master is gone; the listener will see EOF
+            pass  # the master is gone; the next recv sees EOF
 
     def close(self):
         self.store.close()
@@ -309,13 +345,12 @@ class _NodeServer:
 
     def run(self, rid, plan_id, plan_bytes):
         plan = self.load(plan_id, plan_bytes)
-        self.rc.begin()
-        self.current_rid = rid
+        self._start_run(rid)
         start = time.perf_counter()
         try:
             values = run_node_plan(plan, self.ws, self.rc, copy_outputs=False)
         finally:
-            self.current_rid = None
+            self._end_run()
         return {"outputs": self.outbox.pack(values),
                 "seconds": time.perf_counter() - start}
 

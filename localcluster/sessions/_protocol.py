@@ -6,7 +6,7 @@ request is recognised and dropped::
 
     master -> node                         node -> master
     ("run", rid, plan_id, plan_bytes)      ("ready", pid, problem)
-    ("cancel", rid)                        ("ok", rid, payload)
+                                           ("ok", rid, payload)
     ("fetch", rid, name)                   ("error", rid, error_info)
     ("feed", rid, name, segment, shape, dtype)
     ("blobs", rid)  ("has", rid, name)
@@ -20,6 +20,9 @@ descriptor ``(segment, offset, shape, dtype)`` locates a value in shared
 memory.  Errors travel as plain data (`error_info`) -- class kind, message,
 attributes and the formatted traceback -- and are rebuilt in the master
 (`rebuild_error`) with the node's traceback as ``__cause__``.
+
+A run is cancelled out of band (the node is busy running it): the master
+writes the run id into the node's shared control word and sends SIGUSR1.
 
 A second, one-way pipe per node carries the node's stdout/stderr as
 ``(stream, bytes)``.
@@ -35,8 +38,8 @@ from ..runtime.executor import Cancelled
 #: plans a node keeps (first in, first out)
 PLAN_CACHE = 64
 
-RUN, CANCEL, FETCH, FEED, BLOBS, HAS, SHUTDOWN = (
-    "run", "cancel", "fetch", "feed", "blobs", "has", "shutdown")
+RUN, FETCH, FEED, BLOBS, HAS, SHUTDOWN = (
+    "run", "fetch", "feed", "blobs", "has", "shutdown")
 READY, OK, ERROR, BYE = "ready", "ok", "error", "bye"
 
 def send(conn, msg):

@@ -36,6 +36,7 @@ import os
 import pickle
 import select
 import signal
+import struct
 import threading
 import time
 import weakref
@@ -123,6 +124,7 @@ class _Node:
         self.state = NodeState.IDLE
         self.pid = None
         self.plans = collections.OrderedDict()  # mirror of the node's cache
+        self.control = None   # shared int64: the run id to cancel
 
     def __repr__(self):
         return f"_Node({self.name!r}, pid={self.pid}, {self.state.value})"
@@ -227,9 +229,11 @@ class LocalHostScheduler(Session):
         master_conn, node_conn = self._ctx.Pipe(duplex=True)
         log_r, log_w = self._ctx.Pipe(duplex=False)
         fork = self._start_method == "fork"
+        handle.control = shm.create_segment(prefix + "ctl", 8)
         spec = NodeSpec(name, prefix, handle.kwargs, os.getpid(),
                         pdeathsig=self._start_method != "forkserver" and
                         threading.current_thread() is threading.main_thread(),
+                        control=prefix + "ctl",
                         close_inherited=_close_inherited if fork else None)
         process = self._ctx.Process(target=node_main,
                                     args=(spec, node_conn, log_w),
@@ -465,9 +469,11 @@ class LocalHostScheduler(Session):
     def _cancel(self, state, by_name, now):
         state.start_cancelling(now, CANCEL_GRACE)
         for name in state.pending:
+            handle = by_name[name]
+            struct.pack_into("q", handle.control, 0, state.rid)
             try:
-                by_name[name].send((P.CANCEL, state.rid))
-            except (OSError, EOFError):
+                os.kill(handle.pid, signal.SIGUSR1)
+            except ProcessLookupError:
                 pass  # its death shows on the sentinel
 
     def _timeout(self, state, by_name, timeout):
