@@ -213,6 +213,9 @@ def execute(step, ws, rc, task=None):
 
 
 def _iterate(step, ws, rc, task):
+    if not step.substeps:
+        _passes(step, (), ws, rc, task)
+        return
     periodic = [s for s in step.substeps if s.run_every_ms]
     regular = [s for s in step.substeps if not s.run_every_ms] \
         if periodic else step.substeps

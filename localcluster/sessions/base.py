@@ -133,25 +133,27 @@ class Session:
             raise ValueError(
                 f"timeout must be a positive number of seconds, got {timeout!r}")
         group = self.compile(runnable, workspace_type)
-        plans = self._node_plans(group)
+        plans, outputs = self._node_plans(group)
         with self._run_lock:
             self._check_open()
-            log.debug("running %d node plan(s): %s", len(plans),
-                      [p.node for p in plans])
+            log.debug("running %d node plan(s)", len(plans))
             results = self._run_plans(plans, timeout)
-        for task in group.tasks_by_node().tasks():
-            values = results.get(task.node, {})
-            for output in task.outputs():
-                output.set([values[str(n)] for n in output.names])
+        for node, output in outputs:
+            values = results[node]
+            output.set([values[n] for n in output.names])
 
     def _node_plans(self, group):
-        """``group.node_plans()``, made once while no net changes."""
+        """``group.node_plans()`` and the group's ``(node, TaskOutput)``
+        pairs, made once while no net changes."""
         cached = self._plans.get(group)
         if cached is not None and cached[0] == plan_epoch():
             return cached[1]
         plans = group.node_plans()
-        self._plans[group] = (plan_epoch(), plans)
-        return plans
+        outputs = [(task.node, output)
+                   for task in group.tasks_by_node().tasks()
+                   for output in task.outputs()]
+        self._plans[group] = (plan_epoch(), (plans, outputs))
+        return plans, outputs
 
     def _run_plans(self, plans, timeout):
         """Run the plans concurrently; return ``{node: {blob: value}}``."""

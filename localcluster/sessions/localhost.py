@@ -358,8 +358,8 @@ class LocalHostScheduler(Session):
             self._prepared[plan] = prepared
         return prepared
 
-    def _run_message(self, handle, rid, plan):
-        plan_id, payload = self._prepare(plan)
+    def _run_message(self, handle, rid, prepared):
+        plan_id, payload = prepared
         if plan_id in handle.plans:
             return (P.RUN, rid, plan_id, None)
         handle.plans[plan_id] = True
@@ -369,9 +369,8 @@ class LocalHostScheduler(Session):
 
     def _run_plans(self, plans, timeout):
         timeout = timeout if timeout is not None else self._default_timeout
-        by_node = {p.node: p for p in plans}
-        for plan in plans:
-            self._prepare(plan)  # a plan that cannot be sent fails here
+        # a plan that cannot be sent fails here, before anything starts
+        prepared = {p.node: self._prepare(p) for p in plans}
         handles = self._ensure({p.node: p.node_kwargs for p in plans})
         rid = next(self._rids)
         state = RunState([h.name for h in handles], rid)
@@ -379,7 +378,7 @@ class LocalHostScheduler(Session):
         for handle in handles:
             try:
                 handle.send(self._run_message(handle, rid,
-                                              by_node[handle.name]))
+                                              prepared[handle.name]))
                 handle.state = NodeState.RUNNING
             except (OSError, EOFError):
                 state.failed(handle.name, self._death_error(handle,
