@@ -448,3 +448,22 @@ def test_user_ops_registered_after_the_nodes_started_still_run():
 
 def _twice(x):
     return x * 2
+
+
+def _mapped_deleted_segments():
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f
+                   if "/dev/shm/lc_" in line and "(deleted)" in line)
+
+
+def test_fetching_a_replaced_blob_does_not_keep_old_segments_mapped():
+    session = LocalHostScheduler()
+    try:
+        for i in range(20):
+            # a new shape each time: the node makes a new segment
+            session.feed_blob("w", np.ones(1000 + i), node="n")
+            session.fetch_blob("w", "n")
+        gc.collect()
+        assert _mapped_deleted_segments() <= 2
+    finally:
+        assert_clean(session)

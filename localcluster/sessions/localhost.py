@@ -507,16 +507,18 @@ class LocalHostScheduler(Session):
         return killed
 
     def _copy_outputs(self, node, descriptors):
-        return {name: self._read(node, desc, copy=True)
+        return {name: self._read((node, "outbox"), desc, copy=True)
                 for name, desc in descriptors.items()}
 
     # -- shared memory reads ------------------------------------------------------------
 
-    def _read(self, node, desc, copy):
+    def _read(self, key, desc, copy):
+        """The value ``desc`` locates; ``key`` names what it is (a node's
+        outbox, or one of its blobs) so a replaced segment's mapping is
+        dropped, not kept next to the new one."""
         if "inline" in desc:
             return desc["inline"]
         segment = desc["segment"]
-        key = (node, "out" if "offset" in desc else segment)
         cached = self._maps.get(key)
         if cached is None or cached[0] != segment:
             cached = (segment, shm.map_segment(segment))
@@ -578,7 +580,7 @@ class LocalHostScheduler(Session):
             raise BlobNotFoundError(
                 name, node, "that node is not running in this session"
                 if handle is None else "no run on that node wrote it")
-        return self._read(str(node), desc, copy)
+        return self._read((str(node), "blob", str(name)), desc, copy)
 
     def feed_blob(self, name, value, node="local"):
         self._check_open()
