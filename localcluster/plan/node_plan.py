@@ -26,16 +26,6 @@ class WorkspaceType(enum.Enum):
         return self.name
 
 
-def _workspace_type(value, what):
-    if value is None or isinstance(value, WorkspaceType):
-        return value
-    if isinstance(value, str) and value.upper() in WorkspaceType.__members__:
-        return WorkspaceType[value.upper()]
-    raise PlanError(
-        f"{what}: workspace_type must be WorkspaceType.PRIVATE or "
-        f"WorkspaceType.GLOBAL, got {value!r}")
-
-
 def as_workspace_type(value, what):
     if value is None or isinstance(value, WorkspaceType):
         return value

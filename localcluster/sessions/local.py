@@ -154,7 +154,11 @@ class LocalSession(Session):
             raise BlobNotFoundError(
                 name, node, "no run on that node wrote it" if ws is not None
                 else "that node has not run anything in this session")
-        return np.array(value, copy=True) if copy else value
+        if copy:
+            return np.array(value, copy=True)
+        view = value.view()  # read-only, as under LocalHostScheduler
+        view.flags.writeable = False
+        return view
 
     def feed_blob(self, name, value, node="local"):
         self._check_open()
