@@ -155,3 +155,11 @@ def test_outputs_and_fetches_keep_shape_and_dtype(session, value):
     for got in (out.fetch(), session.fetch_blob("v", "n")):
         assert got.shape == value.shape and got.dtype == value.dtype
         np.testing.assert_array_equal(got, value)
+
+
+def test_zero_copy_fetch_is_read_only(session):
+    session.feed_blob("w", np.arange(3.0), node="n")
+    view = session.fetch_blob("w", "n", copy=False)
+    np.testing.assert_array_equal(view, np.arange(3.0))
+    with pytest.raises(ValueError):
+        view[0] = 5.0
