@@ -1,16 +1,19 @@
 """``python -m localcluster.run``: run the embedded example job.
 
-For now a two-node job under LocalSession: a ``reader`` node sums a
-synthetic data set while a ``trainer`` node runs hogwild counters; it
-prints what each node computed.  The full command line (jobs, epochs,
-checkpoints, the multi-process scheduler) comes with the CLI issue.
+For now one group on three nodes, each node its own process under
+LocalHostScheduler (``--session local`` runs them in-process): two
+``trainer_i`` nodes run hogwild instances that sum a series, and a
+``reader`` node computes the same sum in closed form; it prints what each
+node computed.  The full command line (jobs, epochs, checkpoints) comes
+with the CLI issue.
 """
 
 import argparse
 import sys
 import time
 
-from . import LocalSession, Node, Task, TaskGroup, final_output, ops, printer
+from . import (LocalHostScheduler, LocalSession, Node, Task, TaskGroup,
+               final_output, ops, printer)
 
 
 def build_example(num_trainers=2, iters=1000, instances=4):
@@ -51,6 +54,9 @@ def main(argv=None):
                         help="number of trainer nodes (default 2)")
     parser.add_argument("--iters", type=int, default=1000,
                         help="loop iterations per task instance")
+    parser.add_argument("--session", choices=("localhost", "local"),
+                        default="localhost",
+                        help="one process per node (default) or in-process")
     parser.add_argument("--print-plan", action="store_true",
                         help="print the plan and exit")
     args = parser.parse_args(argv)
@@ -61,11 +67,13 @@ def main(argv=None):
         print(printer.to_string(group))
         return 0
     start = time.perf_counter()
-    with LocalSession() as session:
+    session_class = (LocalHostScheduler if args.session == "localhost"
+                     else LocalSession)
+    with session_class() as session:
         session.run(group)
     seconds = time.perf_counter() - start
     print(f"localcluster example: {args.nodes} trainer node(s) + reader, "
-          f"LocalSession, {seconds:.3f} s")
+          f"{session_class.__name__}, {seconds:.3f} s")
     for node, outs in outputs.items():
         values = ", ".join(str(o.fetch()) for o in outs)
         print(f"  {node:>12}: {values}")
