@@ -37,6 +37,7 @@ import pickle
 import select
 import signal
 import struct
+import sys
 import threading
 import time
 import weakref
@@ -238,7 +239,7 @@ class LocalHostScheduler(Session):
         process = self._ctx.Process(target=node_main,
                                     args=(spec, node_conn, log_w),
                                     name=f"lc-node-{name}", daemon=False)
-        import sys
+        # Unflushed output would be written again by the forked child.
         sys.stdout.flush()
         sys.stderr.flush()
         process.start()
