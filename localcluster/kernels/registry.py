@@ -37,10 +37,10 @@ class OpSchema:
     """What the plan layer knows about an op type."""
 
     __slots__ = ("name", "kernel", "num_outputs", "min_outputs",
-                 "max_outputs", "context", "arg_names", "fast")
+                 "max_outputs", "context", "arg_names", "fast", "atomic")
 
     def __init__(self, name, kernel, num_outputs, min_outputs, max_outputs,
-                 context, fast=None):
+                 context, fast=None, atomic=False):
         self.name = name
         self.kernel = kernel
         self.num_outputs = num_outputs
@@ -49,6 +49,7 @@ class OpSchema:
         self.context = context
         self.arg_names = _keyword_names(kernel)
         self.fast = fast  # same result as kernel for an op with no arguments
+        self.atomic = atomic  # read, compute and write under the node lock
 
     def check_args(self, args):
         if self.arg_names is None:
@@ -108,7 +109,7 @@ def _keyword_names(kernel):
 
 
 def register_op(name, *, num_outputs=1, min_outputs=None, max_outputs=None,
-                context=False, fast=None):
+                context=False, fast=None, atomic=False):
     """Register ``kernel`` as op type ``name``; use as a decorator.
 
     ``num_outputs`` is how many fresh outputs an op gets when the caller
@@ -116,7 +117,9 @@ def register_op(name, *, num_outputs=1, min_outputs=None, max_outputs=None,
     may pass (default: exactly ``num_outputs``; ``max_outputs=None`` with
     ``min_outputs`` set means unbounded).  ``fast``, if given, is called
     instead of the kernel for ops without arguments (a numpy ufunc, say),
-    saving a Python frame per op in tight loops.
+    saving a Python frame per op in tight loops.  ``atomic=True`` runs the
+    whole op -- reading its inputs, the kernel, writing its outputs -- under
+    the node's lock.
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise PlanError(
@@ -137,7 +140,7 @@ def register_op(name, *, num_outputs=1, min_outputs=None, max_outputs=None,
                     f"{_qualname(old.kernel)}; the registry is append-only, "
                     "so register your kernel under another name")
             _REGISTRY[name] = OpSchema(name, kernel, num_outputs, lo, hi,
-                                       context, fast)
+                                       context, fast, atomic)
         return kernel
 
     return decorate

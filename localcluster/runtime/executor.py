@@ -71,7 +71,8 @@ class RunContext:
             raise Cancelled(f"run on node {self.node!r} was cancelled")
 
     def compiled(self, net):
-        """(kernel, inputs, outputs, args, lenient) per op of ``net``."""
+        """(kernel, inputs, single output, outputs, lenient, lock) per op
+        of ``net``."""
         key = id(net)
         found = self._compiled.get(key)
         if found is not None and found[0] is net and found[1] == len(net._ops):
@@ -100,7 +101,9 @@ class RunContext:
         lenient = op.type == "Python"
         single = op.outputs[0] if len(op.outputs) == 1 and not lenient \
             else None
-        return (kernel, op.inputs, single, op.outputs, lenient)
+        # An atomic op reads, computes and writes under the node's lock.
+        lock = self.op_context.lock if schema.atomic else None
+        return (kernel, op.inputs, single, op.outputs, lenient, lock)
 
 
 def _fail(rc, exc, task, step, net, index):
@@ -131,8 +134,13 @@ def _run_net(net, code, get, put, ws, rc, task, step):
     if rc.cancelled.is_set():
         raise Cancelled(f"run on node {rc.node!r} was cancelled")
     ndarray, asarray = np.ndarray, np.asarray
-    for index, (kernel, inputs, single, outputs, lenient) in enumerate(code):
+    for index, (kernel, inputs, single, outputs, lenient, lock) in \
+            enumerate(code):
         try:
+            if lock is not None:
+                with lock:
+                    _store(outputs, kernel(*map(get, inputs)), lenient, put)
+                continue
             result = kernel(*map(get, inputs))
             if single is not None:  # the common case: exactly one output
                 if result is None:

@@ -72,7 +72,8 @@ SHUTDOWN_STEP = 1.0
 #: seconds a reply waits for the node's output written before it
 OUTPUT_WAIT = 2.0
 
-_BUILTIN_KERNELS = "localcluster.kernels.numpy_ops"
+_BUILTIN_KERNELS = ("localcluster.kernels.numpy_ops",
+                    "localcluster.kernels.io_ops")
 
 _live = weakref.WeakSet()
 
@@ -685,7 +686,8 @@ def _pickle_plan(plan):
         for op in net.ops:
             schema = registry.lookup(op.type)
             if schema is not None and \
-                    getattr(schema.kernel, "__module__", "") != _BUILTIN_KERNELS:
+                    getattr(schema.kernel, "__module__", "") not in \
+                    _BUILTIN_KERNELS:
                 user_ops[op.type] = schema
     try:
         return pickle.dumps((plan, user_ops), pickle.HIGHEST_PROTOCOL)

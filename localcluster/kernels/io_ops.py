@@ -1,0 +1,79 @@
+"""Kernels of the data layer: queues and datasets.
+
+Queue ops find their channel in the node's resources (see
+`localcluster.runtime.channels`); dataset ops keep a dataset's cursor and
+data in ordinary blobs, updated under the node's lock so concurrent
+readers never read one record twice and concurrent writers never lose one.
+"""
+
+import numpy as np
+
+from .registry import register_op
+
+
+def _channel(ctx, queue, capacity):
+    hub = ctx.resources.get("queues")
+    if hub is None:
+        raise RuntimeError(
+            f"queue {queue!r} has no channel on node {ctx.node!r}: this "
+            "session does not provide queues")
+    return hub.channel(queue, capacity)
+
+
+@register_op("EnqueueRecord", context=True)
+def enqueue_record(ctx, *fields, queue=None, capacity=1):
+    """Queue the fields as one record; outputs True if the queue is closed
+    (the writer should stop)."""
+    record = tuple(np.array(f, copy=True) for f in fields)
+    queued = _channel(ctx, queue, capacity).put(record, ctx.cancelled)
+    return np.array(not queued)
+
+
+@register_op("DequeueRecords", context=True, min_outputs=1, max_outputs=None)
+def dequeue_records(ctx, queue=None, capacity=1, num_records=1,
+                    num_fields=0):
+    """(finished, *fields): up to ``num_records`` records concatenated
+    along axis 0; ``finished`` is true once the queue is closed and empty."""
+    records, finished = _channel(ctx, queue, capacity).get(num_records,
+                                                           ctx.cancelled)
+    if finished:
+        empty = tuple(np.zeros(0) for _ in range(num_fields))
+        return (np.array(True),) + empty
+    if len(records) == 1:
+        fields = records[0]
+    else:
+        fields = tuple(np.concatenate(parts, axis=0)
+                       for parts in zip(*records))
+    return (np.array(False),) + tuple(fields)
+
+
+@register_op("CloseQueue", num_outputs=0, context=True)
+def close_queue(ctx, queue=None, capacity=1):
+    _channel(ctx, queue, capacity).close()
+
+
+@register_op("ReadDataset", context=True, min_outputs=1, max_outputs=None)
+def read_dataset(ctx, cursor, *data, batch_size=1):
+    """(should_stop, *batch): the next ``batch_size`` records of the data
+    blobs at ``cursor`` (advanced atomically); should_stop once exhausted."""
+    with ctx.lock:
+        start = int(cursor)
+        total = len(data[0]) if data else 0
+        end = min(start + int(batch_size), total)
+        cursor[...] = max(start, end)
+    if start >= total:
+        return (np.array(True),) + tuple(d[:0].copy() for d in data)
+    return (np.array(False),) + tuple(d[start:end].copy() for d in data)
+
+
+@register_op("AppendDataset", min_outputs=1, max_outputs=None, atomic=True)
+def append_dataset(*data_and_fields):
+    """New data blobs: each data blob with its field's rows appended.
+
+    Atomic (the executor holds the node lock across the op and its
+    writes), so concurrent writers never lose a record."""
+    half = len(data_and_fields) // 2
+    data, fields = data_and_fields[:half], data_and_fields[half:]
+    out = tuple(np.concatenate([d, np.asarray(f, dtype=d.dtype)], axis=0)
+                for d, f in zip(data, fields))
+    return out if len(out) > 1 else out[0]

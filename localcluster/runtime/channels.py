@@ -1,0 +1,107 @@
+"""Queue channels: what a Queue is while a run executes.
+
+A `Queue` in a plan is only an id, a capacity and a dequeue size; the ops
+that use it find its channel in the node's runtime resources
+(``resources["queues"]``, a `ChannelHub`), created empty and open for every
+run by the session: LocalSession shares one hub between all its nodes;
+a node process has its own (cross-node queues attach a shared-memory
+channel there).
+
+A channel holds records -- tuples of arrays whose first axis is the batch.
+``put`` blocks while the channel is full, ``get(n)`` until ``n`` records
+are queued or the channel is closed (then it takes what is left).  Waits
+are bounded: a hub that is *aborted* (its run was cancelled) wakes every
+waiter, which then raises `Cancelled`.
+"""
+
+import collections
+import threading
+
+from .executor import Cancelled
+
+__all__ = ["LocalChannel", "ChannelHub"]
+
+#: seconds between checks of the run's cancellation while blocked
+WAIT_SLICE = 0.25
+
+
+class LocalChannel:
+    """A bounded, closable queue of records between threads."""
+
+    def __init__(self, capacity):
+        self.capacity = max(1, int(capacity))
+        self._items = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._aborted = False
+
+    def _check(self, cancelled):
+        if self._aborted or (cancelled is not None and cancelled.is_set()):
+            raise Cancelled("queue wait ended: the run was cancelled")
+
+    def put(self, record, cancelled=None):
+        """Enqueue ``record``; False (nothing queued) if the queue is closed."""
+        with self._cond:
+            while not self._closed and len(self._items) >= self.capacity:
+                self._check(cancelled)
+                self._cond.wait(WAIT_SLICE)
+            self._check(cancelled)
+            if self._closed:
+                return False
+            self._items.append(record)
+            self._cond.notify_all()
+            return True
+
+    def get(self, n, cancelled=None):
+        """Up to ``n`` records: ``n`` of them, or what is left once closed.
+
+        Returns ``(records, finished)``; ``finished`` is true when the queue
+        is closed and nothing was left to take.
+        """
+        n = max(1, int(n))
+        with self._cond:
+            while not self._closed and len(self._items) < n:
+                self._check(cancelled)
+                self._cond.wait(WAIT_SLICE)
+            self._check(cancelled)
+            take = min(n, len(self._items))
+            records = [self._items.popleft() for _ in range(take)]
+            self._cond.notify_all()
+            return records, not records
+
+    def close(self):
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def abort(self):
+        with self._cond:
+            self._aborted = True
+            self._cond.notify_all()
+
+
+class ChannelHub:
+    """The channels of one run, by queue id (made on first use)."""
+
+    def __init__(self, factory=LocalChannel):
+        self._factory = factory
+        self._channels = {}
+        self._lock = threading.Lock()
+        self._aborted = False
+
+    def channel(self, queue_id, capacity):
+        with self._lock:
+            found = self._channels.get(queue_id)
+            if found is None:
+                found = self._channels[queue_id] = self._factory(capacity)
+                if self._aborted:
+                    found.abort()
+            return found
+
+    def abort(self):
+        """Wake every waiter of this run's channels; they raise Cancelled."""
+        with self._lock:
+            self._aborted = True
+            channels = list(self._channels.values())
+        for channel in channels:
+            channel.abort()
