@@ -467,3 +467,148 @@ def test_fetching_a_replaced_blob_does_not_keep_old_segments_mapped():
         assert _mapped_deleted_segments() <= 2
     finally:
         assert_clean(session)
+
+
+# -- regressions found in review ---------------------------------------------
+
+def die_soon(_):
+    """Return normally; the node is killed 0.2 s later."""
+    import threading
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    return np.arange(4.0)
+
+
+def sleep_then_one(_):
+    time.sleep(1.0)
+    return np.array(1.0)
+
+
+def test_outputs_survive_a_node_dying_after_it_replied():
+    session = LocalHostScheduler()
+    try:
+        with TaskGroup(WorkspaceType.GLOBAL) as tg:
+            with Node("a"), Task():
+                early = final_output(ops.Python(die_soon)([ops.Const(1)]))
+            with Node("b"), Task():
+                late = final_output(
+                    ops.Python(sleep_then_one)([ops.Const(1)]))
+        session.run(tg, timeout=20)
+        np.testing.assert_array_equal(early.fetch(), np.arange(4.0))
+        assert late.fetch() == 1.0
+    finally:
+        assert_clean(session)
+
+
+def a_lock(_):
+    import threading
+    return np.array(threading.Lock(), dtype=object)
+
+
+def test_a_value_that_cannot_travel_fails_the_request_not_the_node():
+    session = LocalHostScheduler()
+    try:
+        session.feed_blob("kept", np.arange(3), node="a")
+        with TaskGroup(WorkspaceType.GLOBAL) as tg:
+            with Node("a"), Task():
+                ops.Python(a_lock)([ops.Const(1)], ["lock"])
+        session.run(tg)
+        with pytest.raises(Exception, match="pickle"):
+            session.fetch_blob("lock", "a")
+        np.testing.assert_array_equal(session.fetch_blob("kept", "a"),
+                                      np.arange(3))
+    finally:
+        assert_clean(session)
+
+
+def start_helper_process(_):
+    return np.array(subprocess.Popen(["sleep", "300"]).pid)
+
+
+def test_processes_a_node_started_do_not_outlive_close():
+    session = LocalHostScheduler()
+    helper = None
+    try:
+        with TaskGroup() as tg:
+            with Node("a"), Task():
+                pid = final_output(
+                    ops.Python(start_helper_process)([ops.Const(1)]))
+        session.run(tg)
+        helper = int(pid.fetch())
+        session.close()
+        gone, _ = psutil.wait_procs(
+            [psutil.Process(helper)] if psutil.pid_exists(helper) else [],
+            timeout=5)
+        assert not psutil.pid_exists(helper) or \
+            psutil.Process(helper).status() == psutil.STATUS_ZOMBIE
+    finally:
+        if helper and psutil.pid_exists(helper):
+            try:
+                os.kill(helper, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        assert_clean(session)
+
+
+def test_a_plan_that_failed_to_load_fails_the_same_way_again():
+    session = LocalHostScheduler()
+    try:
+        tg = python_group(LoadsNowhere())
+        for _ in range(2):
+            with pytest.raises(PlanError, match="could not be loaded"):
+                session.run(tg)
+    finally:
+        assert_clean(session)
+
+
+THREAD_MASTER = textwrap.dedent("""
+    import threading, time
+    from localcluster import LocalHostScheduler
+    def main():
+        session = LocalHostScheduler(nodes=["a", "b"])
+        print(session._prefix, *session.node_pids().values(), flush=True)
+        time.sleep(3600)
+    threading.Thread(target=main, daemon=True).start()
+    time.sleep(3600)
+""")
+
+
+def test_nodes_started_from_a_thread_exit_when_the_master_is_killed():
+    master = subprocess.Popen([sys.executable, "-c", THREAD_MASTER],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        prefix, *pids = master.stdout.readline().split()
+        master.send_signal(signal.SIGKILL)
+        master.wait(10)
+        nodes = [psutil.Process(int(p)) for p in pids
+                 if psutil.pid_exists(int(p))]
+        _, alive = psutil.wait_procs(nodes, timeout=10)
+        assert not alive
+        LocalHostScheduler().close()
+        assert not shm.segments(prefix)
+    finally:
+        if master.poll() is None:
+            master.kill()
+            master.wait(10)
+
+
+def test_repeated_ctrl_c_in_run_and_close_leaves_nothing_behind():
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__) +
+               os.pathsep + os.environ.get("PYTHONPATH", ""))
+    master = subprocess.Popen([sys.executable, "-c", CTRL_C], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        prefix = master.stdout.readline().strip()
+        time.sleep(0.5)
+        children = psutil.Process(master.pid).children(recursive=True)
+        for _ in range(3):  # in the run, in its abort, in close()
+            master.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+        master.communicate(timeout=30)
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive
+        assert not shm.segments(prefix)
+    finally:
+        if master.poll() is None:
+            master.kill()
+            master.wait(10)

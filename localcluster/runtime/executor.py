@@ -37,6 +37,9 @@ from ..kernels.registry import OpContext
 
 __all__ = ["RunContext", "Cancelled", "execute"]
 
+#: seconds an interrupted run waits for its threads to stop
+CANCEL_JOIN = 2.0
+
 log = logging.getLogger(__name__)
 
 
@@ -296,10 +299,18 @@ def run_concurrently(fns, rc, name):
     threads = [threading.Thread(target=target, args=(fn,), daemon=True,
                                 name=f"lc:{rc.node}:{name}:{i}")
                for i, fn in enumerate(fns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()  # bounded by cancellation: see the module docstring
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()  # bounded by cancellation: see the module docstring
+    except BaseException:
+        # Interrupted (Ctrl-C in the caller's thread): stop the branches
+        # before leaving, so none goes on writing to the workspace.
+        rc.cancelled.set()
+        for t in threads:
+            t.join(CANCEL_JOIN)
+        raise
     _raise_first(errors)
 
 

@@ -57,15 +57,21 @@ def create_segment(name, nbytes):
         os.close(fd)
 
 
-def map_segment(name, writable=False):
-    """Map an existing segment; returns the mmap."""
+def map_segment(name, writable=False, inherit=True):
+    """Map an existing segment; returns the mmap.
+
+    ``inherit=False`` keeps the mapping out of processes forked later (the
+    master's mappings must not pin memory in every node it starts)."""
     fd = os.open(_path(name), os.O_RDWR if writable else os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        return mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
     finally:
         os.close(fd)
+    if not inherit and hasattr(mmap, "MADV_DONTFORK"):
+        mm.madvise(mmap.MADV_DONTFORK)
+    return mm
 
 
 def map_readonly(name, shape, dtype, offset=0):

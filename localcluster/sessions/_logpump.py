@@ -19,6 +19,17 @@ __all__ = ["LogPump"]
 LAST_LINES = 20
 
 
+class _Nowhere:
+    def write(self, text):
+        pass
+
+    def flush(self):
+        pass
+
+
+_NOWHERE = _Nowhere()
+
+
 class _Stream:
     def __init__(self, node):
         self.node = node
@@ -109,6 +120,8 @@ class LogPump:
         lines = text.split(b"\n")
         stream.partial[tag] = b"" if final else lines.pop()
         out = sys.stdout if tag == "out" else sys.stderr
+        if out is None:  # no stream to show it on; keep the last lines
+            out = _NOWHERE
         for line in lines:
             if final and not line:
                 continue

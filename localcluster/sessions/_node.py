@@ -293,7 +293,15 @@ class _NodeServer:
     def _reply(self, msg):
         # Output written before the reply reaches the master first: the
         # reply carries how many output bytes were sent up to it.
-        msg = msg + (self.output.drain(),)
+        mark = self.output.drain()
+        try:
+            self._send_reply(msg + (mark,))
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            # A value that cannot travel (an object array, say) fails this
+            # request, not the node.
+            self._send_reply((P.ERROR, msg[1], P.error_info(exc), mark))
+
+    def _send_reply(self, msg):
         try:
             self.send(msg)
         except (OSError, EOFError):

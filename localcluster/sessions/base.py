@@ -40,7 +40,7 @@ class Session:
     def __init__(self):
         self._state = SessionState.OPEN
         self._broken_reason = None
-        self._run_lock = threading.Lock()
+        self._run_lock = threading.RLock()
         self._compiled = weakref.WeakKeyDictionary()
         self._plans = weakref.WeakKeyDictionary()  # group -> (epoch, plans)
 

@@ -82,8 +82,12 @@ class LocalSession(Session):
             rc.begin()
         if len(plans) == 1 and timeout is None:
             plan = plans[0]
-            return {plan.node: run_node_plan(plan, self._workspace(plan.node),
-                                             contexts[plan.node])}
+            try:
+                return {plan.node: run_node_plan(
+                    plan, self._workspace(plan.node), contexts[plan.node])}
+            except BaseException:
+                contexts[plan.node].cancelled.set()
+                raise
         done = queue.SimpleQueue()
 
         def cancel_all():

@@ -28,6 +28,7 @@ next scheduler if this master was killed (see `localcluster.runtime.shm`).
 import atexit
 import collections
 import enum
+import functools
 import itertools
 import math
 import logging
@@ -232,17 +233,22 @@ class LocalHostScheduler(Session):
         log_r, log_w = self._ctx.Pipe(duplex=False)
         fork = self._start_method == "fork"
         handle.control = shm.create_segment(prefix + "ctl", 8)
+        # A forked child closes its copies of every master-side pipe end --
+        # its own included -- so that EOF reaches the nodes that need it.
+        inherited = (functools.partial(_close_all_of, _master_ends() +
+                                       [master_conn, log_r])
+                     if fork else None)
         spec = NodeSpec(name, prefix, handle.kwargs, os.getpid(),
                         pdeathsig=self._start_method != "forkserver" and
                         threading.current_thread() is threading.main_thread(),
-                        control=prefix + "ctl",
-                        close_inherited=_close_inherited if fork else None)
+                        control=prefix + "ctl", close_inherited=inherited)
         process = self._ctx.Process(target=node_main,
                                     args=(spec, node_conn, log_w),
                                     name=f"lc-node-{name}", daemon=False)
         # Unflushed output would be written again by the forked child.
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
         process.start()
         # Close our copies of the child's ends now, before the next fork,
         # so a node's EOF means what it says.
@@ -298,10 +304,13 @@ class LocalHostScheduler(Session):
             raise problems[0]
 
     def _reap(self, handle, wait=SHUTDOWN_STEP):
-        """Collect a (dying) node: join it, close its pipe, sweep segments."""
+        """Collect a (dying) node: join it, kill what it started, close its
+        pipe, sweep its segments."""
         handle.process.join(wait)
+        # Processes the node started share its group: they go with it (the
+        # unreaped leader still holds the group id).
+        self._killpg(handle, signal.SIGKILL)
         if handle.process.is_alive():
-            self._killpg(handle, signal.SIGKILL)
             handle.process.join(SHUTDOWN_STEP)
         handle.state = NodeState.DEAD
         self._poller.remove(handle)
@@ -393,8 +402,7 @@ class LocalHostScheduler(Session):
         error = state.error()
         if error is not None:
             raise error
-        return {node: self._copy_outputs(node, payload["outputs"])
-                for node, payload in state.done.items()}
+        return state.done
 
     def _wait_run(self, state, by_name, timeout):
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -451,7 +459,10 @@ class LocalHostScheduler(Session):
         handle.state = NodeState.IDLE
         handle.log.wait_for(msg[-1], OUTPUT_WAIT)
         if kind == P.OK:
-            state.succeeded(handle.name, msg[2])
+            # Copied now: the node may die before the run ends, and its
+            # outbox goes with it.
+            state.succeeded(handle.name, self._copy_outputs(
+                handle.name, msg[2]["outputs"]))
             return
         info = msg[2]
         if info["kind"] == P.MEMORY:
@@ -465,6 +476,8 @@ class LocalHostScheduler(Session):
             error.__cause__ = P.RemoteTraceback(info["traceback"])
             state.failed(handle.name, error)
             return
+        if info["kind"] == P.PLAN:
+            handle.plans.clear()  # the node kept none of what failed to load
         state.failed(handle.name, P.rebuild_error(handle.name, info))
 
     def _cancel(self, state, by_name, now):
@@ -522,19 +535,28 @@ class LocalHostScheduler(Session):
             return desc["inline"]
         segment = desc["segment"]
         cached = self._maps.get(key)
-        if cached is None or cached[0] != segment:
-            cached = (segment, shm.map_segment(segment))
-            self._maps[key] = cached
+        if cached is not None and cached[0] == segment:
+            mm = cached[1]
+        else:
+            mm = shm.map_segment(segment, inherit=False)
+            if key[1] == "outbox" or not copy:
+                self._maps[key] = (segment, mm)
+            else:
+                self._maps.pop(key, None)
         dtype = np.dtype(desc["dtype"])
         shape = tuple(desc["shape"])
         count = int(np.prod(shape, dtype=np.int64))
-        view = np.frombuffer(cached[1], dtype=dtype, count=count,
+        view = np.frombuffer(mm, dtype=dtype, count=count,
                              offset=desc.get("offset", 0)).reshape(shape)
         return np.array(view, copy=True) if copy else view
 
     # -- requests between runs --------------------------------------------------------
 
     def _request(self, handle, *msg):
+        with self._run_lock:  # one conversation on a node's pipe at a time
+            return self._converse(handle, *msg)
+
+    def _converse(self, handle, *msg):
         rid = next(self._rids)
         deadline = time.monotonic() + REQUEST_TIMEOUT
         try:
@@ -622,6 +644,23 @@ class LocalHostScheduler(Session):
             return  # a forked copy of the scheduler owns nothing
         live = [h for h in self._nodes.values()
                 if h.state is not NodeState.DEAD]
+        try:
+            self._shut_down(live)
+        finally:
+            # Whatever interrupted the polite part (Ctrl-C, an error), no
+            # node and no segment outlives close().
+            for handle in live:
+                if handle.state is not NodeState.DEAD:
+                    self._killpg(handle, signal.SIGKILL)
+                    self._reap(handle)
+            self._maps.clear()
+            self._pump.stop()
+            shm.sweep(self._prefix)
+            _live.discard(self)
+            log.debug("LocalHostScheduler %s closed", self._prefix)
+
+    def _shut_down(self, live):
+        """Ask, wait, then SIGTERM and SIGKILL the nodes' process groups."""
         for handle in live:
             try:
                 handle.send((P.SHUTDOWN, 0))
@@ -639,11 +678,6 @@ class LocalHostScheduler(Session):
             self._join_all(alive, SHUTDOWN_STEP)
         for handle in live:
             self._reap(handle)
-        self._maps.clear()
-        self._pump.stop()
-        shm.sweep(self._prefix)
-        _live.discard(self)
-        log.debug("LocalHostScheduler %s closed", self._prefix)
 
     @staticmethod
     def _join_all(handles, timeout):
@@ -655,9 +689,15 @@ class LocalHostScheduler(Session):
             if remaining <= 0:
                 return
             for s in connection.wait(list(waiting), remaining):
-                # The sentinel closes a moment before the exit can be
-                # collected: a blocking join, not join(0), reaps it.
-                waiting.pop(s).process.join(SHUTDOWN_STEP)
+                handle = waiting.pop(s)
+                # What the node started goes with it; then a blocking join
+                # (the sentinel closes a moment before the exit can be
+                # collected, so not join(0)) reaps the leader.
+                try:
+                    os.killpg(handle.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                handle.process.join(SHUTDOWN_STEP)
 
     def __del__(self):
         try:
@@ -719,28 +759,35 @@ def _unpicklable(plan, user_ops, exc):
     return f"the plan for node {plan.node!r} cannot be pickled: {exc}"
 
 
-def _close_inherited():
-    """In a forked node: close the master-side pipes of every other node."""
+def _master_ends():
+    """The master-side connections of every scheduler of this process."""
+    ends = []
     for scheduler in list(_live):
-        for handle in scheduler._nodes.values():
-            if handle.conn is not None:
-                try:
-                    handle.conn.close()
-                except OSError:
-                    pass
-        for conn in scheduler._pump.connections():
-            try:
-                conn.close()
-            except OSError:
-                pass
+        ends.extend(h.conn for h in scheduler._nodes.values()
+                    if h.conn is not None)
+        ends.extend(scheduler._pump.connections())
+    return ends
+
+
+def _close_all_of(connections):
+    """In a forked node: close the inherited master-side connections, and
+    disown every inherited scheduler copy."""
+    for conn in connections:
+        try:
+            conn.close()
+        except OSError:
+            pass
+    for scheduler in list(_live):
         scheduler._owner_pid = -1  # this copy must never shut anything down
 
 
 @atexit.register
 def _close_all():
+    """At exit: stop every node and sweep every segment, even of a
+    scheduler whose close() was interrupted."""
     for scheduler in list(_live):
         if scheduler._owner_pid == os.getpid():
             try:
-                scheduler.close()
+                scheduler._close()
             except Exception:  # noqa: BLE001 - best effort at exit
                 log.exception("closing %r at exit failed", scheduler)
