@@ -10,7 +10,12 @@ from . import errors, printer
 from .errors import (BlobNotFoundError, CheckpointError, LocalClusterError,
                      NodeFailedError, PlanError, RunTimeoutError,
                      SessionClosedError, TaskFailedError)
+from .dataio import (CompositeReader, CounterReader, Dataset, Reader,
+                     ReaderWithDelay, ReaderWithLimit, ReaderWithTimeLimit,
+                     Record, Writer)
 from .kernels import register_op
+from .pipeline import Output, pipe, pipe_and_output
+from .queues import Queue
 from .plan import (BlobRef, ExecutionStep, Net, NetBuilder, SetupNets,
                    execution_step, ops, to_execution_step)
 from .sessions import LocalHostScheduler, LocalSession, Session
@@ -26,6 +31,10 @@ __all__ = [
     # task model
     "Cluster", "Node", "WorkspaceType", "TaskGroup", "Task", "TaskOutput",
     "final_output", "SetupNets",
+    # data pipelines
+    "Record", "Reader", "Writer", "Dataset", "ReaderWithLimit",
+    "ReaderWithTimeLimit", "ReaderWithDelay", "CompositeReader",
+    "CounterReader", "Queue", "pipe", "pipe_and_output", "Output",
     # sessions
     "Session", "LocalSession", "LocalHostScheduler",
     # errors

@@ -52,6 +52,21 @@ def close_queue(ctx, queue=None, capacity=1):
     _channel(ctx, queue, capacity).close()
 
 
+@register_op("AtomicOr", num_outputs=0, context=True)
+def atomic_or(ctx, acc, value):
+    """``acc |= value`` in place, atomically across the node's threads."""
+    with ctx.lock:
+        np.logical_or(acc, value, out=acc)
+
+
+@register_op("Sleep", num_outputs=0, context=True)
+def sleep(ctx, seconds=0.0):
+    """Wait ``seconds``; a cancelled run ends the wait at once."""
+    if ctx.cancelled.wait(float(seconds)):
+        from ..runtime.executor import Cancelled
+        raise Cancelled("sleep ended: the run was cancelled")
+
+
 @register_op("ReadDataset", context=True, min_outputs=1, max_outputs=None)
 def read_dataset(ctx, cursor, *data, batch_size=1):
     """(should_stop, *batch): the next ``batch_size`` records of the data

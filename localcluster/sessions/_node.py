@@ -44,6 +44,7 @@ import psutil
 
 from ..kernels import registry
 from ..runtime import shm
+from ..runtime.channels import ChannelHub
 from ..runtime.executor import RunContext
 from ..runtime.node import run_node_plan
 from ..runtime.workspace import Workspace
@@ -219,7 +220,8 @@ class _NodeServer:
         self.current_rid = None
         self.wakeups = queue.SimpleQueue()
         self.outbox = _Outbox(spec.prefix + "out")
-        self.rc = RunContext(spec.name, workspace.lock, self.cancelled, {})
+        self.rc = RunContext(spec.name, workspace.lock, self.cancelled,
+                             {"queues": ChannelHub()})
         self.plans = collections.OrderedDict()   # plan id -> plan
         self.send_lock = threading.Lock()
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
@@ -246,20 +248,27 @@ class _NodeServer:
             with self.run_lock:
                 if self.current_rid is not None and \
                         self._cancel_rid() >= self.current_rid:
-                    self.cancelled.set()
+                    self._cancel()
 
     def _watch_master(self):
         poller = select.poll()
         poller.register(self.conn.fileno(), select.POLLRDHUP)
         poller.poll()
-        self.cancelled.set()  # the master is gone: stop; the loop ends
+        with self.run_lock:  # the master is gone: stop; the loop ends
+            self._cancel()
+
+    def _cancel(self):
+        self.cancelled.set()
+        self.rc.op_context.resources["queues"].abort()
 
     def _start_run(self, rid):
         with self.run_lock:
             self.current_rid = rid
             self.rc.begin()
+            # queues start empty and open at every run
+            self.rc.op_context.resources["queues"] = ChannelHub()
             if self._cancel_rid() >= rid:
-                self.cancelled.set()
+                self._cancel()
 
     def _end_run(self):
         with self.run_lock:

@@ -4,7 +4,9 @@ The reference semantics, and the fastest session for small tests.  Each
 node name gets its own `Workspace`, `RunContext` (compiled nets are kept
 across runs) and worker thread the first time it is used; a run hands each
 node's plan to its worker (or runs it on the calling thread when there is
-one node and no timeout), and the first failure cancels the others.
+one node and no timeout), and the first failure cancels the others.  All
+nodes share one set of queue channels per run, so a queue between nodes
+is an in-process queue here.
 
 A run that times out is cancelled; its threads stop at their next op.  A
 thread stuck inside one op (a Python op that never returns) cannot be
@@ -20,6 +22,7 @@ import time
 import numpy as np
 
 from ..errors import BlobNotFoundError, RunTimeoutError
+from ..runtime.channels import ChannelHub
 from ..runtime.executor import Cancelled, RunContext
 from ..runtime.node import run_node_plan
 from ..runtime.workspace import Workspace
@@ -78,8 +81,10 @@ class LocalSession(Session):
 
     def _run_plans(self, plans, timeout):
         contexts = {p.node: self._context(p.node) for p in plans}
+        hub = ChannelHub()  # queues start empty and open at every run
         for rc in contexts.values():
             rc.begin()
+            rc.op_context.resources["queues"] = hub
         if len(plans) == 1 and timeout is None:
             plan = plans[0]
             try:
@@ -87,12 +92,14 @@ class LocalSession(Session):
                     plan, self._workspace(plan.node), contexts[plan.node])}
             except BaseException:
                 contexts[plan.node].cancelled.set()
+                hub.abort()
                 raise
         done = queue.SimpleQueue()
 
         def cancel_all():
             for rc in contexts.values():
                 rc.cancelled.set()
+            hub.abort()
 
         for plan in plans:
             self._worker(plan.node).put(

@@ -362,15 +362,16 @@ class LocalHostScheduler(Session):
     # -- running ---------------------------------------------------------------------
 
     def _prepare(self, plan):
-        """(plan id, pickled plan), made once per NodePlan."""
+        """(plan id, pickled plan, queue ids it uses), once per NodePlan."""
         prepared = self._prepared.get(plan)
         if prepared is None:
-            prepared = (next(self._plan_ids), _pickle_plan(plan))
+            prepared = (next(self._plan_ids), _pickle_plan(plan),
+                        _queues_of(plan))
             self._prepared[plan] = prepared
         return prepared
 
     def _run_message(self, handle, rid, prepared):
-        plan_id, payload = prepared
+        plan_id, payload, _ = prepared
         if plan_id in handle.plans:
             return (P.RUN, rid, plan_id, None)
         handle.plans[plan_id] = True
@@ -382,6 +383,7 @@ class LocalHostScheduler(Session):
         timeout = timeout if timeout is not None else self._default_timeout
         # a plan that cannot be sent fails here, before anything starts
         prepared = {p.node: self._prepare(p) for p in plans}
+        _check_queues_stay_on_one_node(prepared)
         handles = self._ensure({p.node: p.node_kwargs for p in plans})
         rid = next(self._rids)
         state = RunState([h.name for h in handles], rid)
@@ -733,6 +735,24 @@ def _pickle_plan(plan):
         return pickle.dumps((plan, user_ops), pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # noqa: BLE001 - re-raised as a PlanError
         raise PlanError(_unpicklable(plan, user_ops, exc)) from exc
+
+
+def _queues_of(plan):
+    return frozenset(op.args["queue"] for net in plan.step.walk_nets()
+                     for op in net.ops if "queue" in op.args)
+
+
+def _check_queues_stay_on_one_node(prepared):
+    seen = {}
+    for node, (_, _, queues) in prepared.items():
+        for queue in queues:
+            if queue in seen:
+                raise PlanError(
+                    f"queue {queue!r} is used by tasks on nodes "
+                    f"{seen[queue]!r} and {node!r}; LocalHostScheduler does "
+                    "not carry queues between node processes yet -- put its "
+                    "producer and consumer on one node, or use LocalSession")
+            seen[queue] = node
 
 
 def _unpicklable(plan, user_ops, exc):
