@@ -30,6 +30,11 @@ class Queue:
                     value < 1:
                 raise PlanError(f"Queue {what} must be an int >= 1, got "
                                 f"{value!r}")
+        if num_dequeue_records > capacity:
+            raise PlanError(
+                f"Queue num_dequeue_records={num_dequeue_records} exceeds its "
+                f"capacity={capacity}: a read would wait for more records "
+                "than the queue can hold; raise the capacity")
         scope = build_scope()
         base = f"queue/{name}"
         self.id = scope.unique("queue", base) if scope else base

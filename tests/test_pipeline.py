@@ -192,6 +192,11 @@ def test_num_threads_zero_returns_a_processing_reader(session):
     np.testing.assert_array_equal(dst.fetch(session)["uid"], [2, 4, 6])
 
 
+def test_a_queue_cannot_dequeue_more_than_it_holds():
+    with pytest.raises(PlanError, match="capacity"):
+        Queue(3, num_dequeue_records=4)
+
+
 def test_pipe_argument_errors():
     with TaskGroup():
         with Node("local"), Task():
@@ -212,19 +217,102 @@ def test_a_dataset_needs_a_builder_and_equal_lengths():
             Dataset({"x": np.arange(3), "y": np.arange(4)})
 
 
-def test_cross_node_queues_are_refused_clearly_by_the_scheduler():
+def test_a_queue_between_two_nodes(session):
+    with TaskGroup(WorkspaceType.GLOBAL) as init:
+        with Node("reader"), Task():
+            src = Dataset({"uid": np.arange(50), "value": np.ones(50)},
+                          name="src")
+        with Node("trainer"), Task():
+            dst = Dataset({"uid": np.zeros(0, np.int64),
+                           "value": np.zeros(0)}, name="dst")
+            ops.CreateCounter([], ["calls"])
+    session.run(init)
+    with TaskGroup() as tg:
+        with Node("reader"):
+            q = pipe(src.reader(batch_size=2),
+                     output=Queue(5, num_dequeue_records=4),
+                     processor=double_uid)
+        with Node("trainer"):
+            pipe(q, dst.writer(), processor=zero_value)
+    for _ in range(2):  # queues start empty and open at every run
+        session.run(tg, timeout=30)
+    out = dst.fetch(session)
+    np.testing.assert_array_equal(out["uid"], np.tile(2 * np.arange(50), 2))
+    np.testing.assert_array_equal(out["value"], np.zeros(100))
+    assert session.fetch_blob("calls", "trainer") == 2 * math.ceil(25 / 4)
+
+
+def test_a_consumer_on_another_node_that_stops_early_stops_the_producer(
+        session):
+    with TaskGroup(WorkspaceType.GLOBAL) as init:
+        with Node("reader"), Task():
+            src = Dataset({"x": np.arange(100000)}, name="src")
+        with Node("trainer"), Task():
+            dst = Dataset({"x": np.zeros(0, dtype=np.int64)}, name="dst")
+    session.run(init)
+    with TaskGroup() as tg:
+        with Node("reader"):
+            q = pipe(src.reader(), capacity=2)
+        with Node("trainer"):
+            pipe(ReaderWithLimit(q.reader(), num_iter=5), dst.writer())
+    session.run(tg, timeout=30)
+    np.testing.assert_array_equal(dst.fetch(session, "trainer")["x"],
+                                  np.arange(5))
+
+
+def kill_self(_):
+    import os
+    import signal
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_killing_the_producer_node_mid_stream_fails_the_run_cleanly():
+    from localcluster import NodeFailedError
+    from localcluster.runtime import shm
+    from conftest import child_processes
     session = LocalHostScheduler()
+    prefix = session._prefix
     try:
         with TaskGroup(WorkspaceType.GLOBAL) as init:
             with Node("reader"), Task():
-                src = Dataset({"x": np.arange(3)}, name="src")
+                src = Dataset({"x": np.arange(1000)}, name="src")
         session.run(init)
         with TaskGroup() as tg:
             with Node("reader"):
-                q = pipe(src.reader())
+                q = pipe(src.reader(), capacity=4)
+                with Task():
+                    ops.Sleep([], [], seconds=0.2)
+                    ops.Python(kill_self)([ops.Const(0)], [])
             with Node("trainer"):
+                pipe(q, processor=lambda rec: None)
+        with pytest.raises(NodeFailedError, match="'reader'"):
+            session.run(tg, timeout=30)
+    finally:
+        session.close()
+    assert not child_processes()
+    assert not shm.segments(prefix)
+
+
+def test_writers_of_one_cross_node_queue_on_two_nodes_are_refused():
+    session = LocalHostScheduler()
+    try:
+        with TaskGroup(WorkspaceType.GLOBAL) as init:
+            for node in ("a", "b"):
+                with Node(node), Task():
+                    Dataset({"x": np.arange(3)}, name=f"src_{node}")
+        with TaskGroup() as tg:
+            q = Queue(4)
+            with Node("a"), Task():
+                a = Dataset({"x": np.arange(3)}, name="a")
+            with Node("b"), Task():
+                b = Dataset({"x": np.arange(3)}, name="b")
+            with Node("a"):
+                pipe(a.reader(), q)
+            with Node("b"):
+                pipe(b.reader(), q)
+            with Node("c"):
                 pipe(q, processor=count_records)
-        with pytest.raises(PlanError, match="'reader' and 'trainer'"):
+        with pytest.raises(PlanError, match="writers from one node"):
             session.run(tg)
     finally:
         session.close()

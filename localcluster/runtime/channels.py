@@ -79,12 +79,16 @@ class LocalChannel:
             self._aborted = True
             self._cond.notify_all()
 
+    def release(self):
+        pass
+
 
 class ChannelHub:
     """The channels of one run, by queue id (made on first use)."""
 
-    def __init__(self, factory=LocalChannel):
-        self._factory = factory
+    def __init__(self, factory=None):
+        self._factory = factory or (lambda queue_id, capacity:
+                                    LocalChannel(capacity))
         self._channels = {}
         self._lock = threading.Lock()
         self._aborted = False
@@ -93,7 +97,8 @@ class ChannelHub:
         with self._lock:
             found = self._channels.get(queue_id)
             if found is None:
-                found = self._channels[queue_id] = self._factory(capacity)
+                found = self._channels[queue_id] = self._factory(queue_id,
+                                                                 capacity)
                 if self._aborted:
                     found.abort()
             return found
@@ -105,3 +110,11 @@ class ChannelHub:
             channels = list(self._channels.values())
         for channel in channels:
             channel.abort()
+
+    def release(self):
+        """Drop what the channels hold outside this process (mappings)."""
+        with self._lock:
+            channels = list(self._channels.values())
+            self._channels.clear()
+        for channel in channels:
+            channel.release()

@@ -44,7 +44,8 @@ import psutil
 
 from ..kernels import registry
 from ..runtime import shm
-from ..runtime.channels import ChannelHub
+from ..runtime.channels import ChannelHub, LocalChannel
+from ..runtime.shm_channel import ShmChannel
 from ..runtime.executor import RunContext
 from ..runtime.node import run_node_plan
 from ..runtime.workspace import Workspace
@@ -261,18 +262,23 @@ class _NodeServer:
         self.cancelled.set()
         self.rc.op_context.resources["queues"].abort()
 
-    def _start_run(self, rid):
+    def _start_run(self, rid, channels):
         with self.run_lock:
             self.current_rid = rid
             self.rc.begin()
-            # queues start empty and open at every run
-            self.rc.op_context.resources["queues"] = ChannelHub()
+            # Queues start empty and open at every run; a queue shared with
+            # another node is the shared-memory channel the master made.
+            self.rc.op_context.resources["queues"] = ChannelHub(
+                lambda queue, capacity: (ShmChannel(channels[queue])
+                                         if queue in channels
+                                         else LocalChannel(capacity)))
             if self._cancel_rid() >= rid:
                 self._cancel()
 
     def _end_run(self):
         with self.run_lock:
             self.current_rid = None
+            self.rc.op_context.resources["queues"].release()
 
     # -- requests -----------------------------------------------------------
 
@@ -360,9 +366,9 @@ class _NodeServer:
             self.plans.popitem(last=False)
         return plan
 
-    def run(self, rid, plan_id, plan_bytes):
+    def run(self, rid, plan_id, plan_bytes, channels):
         plan = self.load(plan_id, plan_bytes)
-        self._start_run(rid)
+        self._start_run(rid, channels)
         start = time.perf_counter()
         try:
             values = run_node_plan(plan, self.ws, self.rc, copy_outputs=False)

@@ -5,7 +5,8 @@ request id (``rid``) that its reply repeats, so a late reply to a cancelled
 request is recognised and dropped::
 
     master -> node                         node -> master
-    ("run", rid, plan_id, plan_bytes)      ("ready", pid, problem)
+    ("run", rid, plan_id, plan_bytes,      ("ready", pid, problem)
+     channels)
                                            ("ok", rid, payload)
     ("fetch", rid, name)                   ("error", rid, error_info)
     ("feed", rid, name, segment, shape, dtype)

@@ -56,6 +56,7 @@ from . import _protocol as P
 from ._logpump import LogPump
 from ._node import EXIT_MEMORY, NodeSpec, node_main
 from ._runstate import RunState
+from ..runtime.shm_channel import create_channel
 from .base import Session
 
 __all__ = ["LocalHostScheduler"]
@@ -361,6 +362,22 @@ class LocalHostScheduler(Session):
 
     # -- running ---------------------------------------------------------------------
 
+    def _make_channels(self, shared, rid):
+        """The shared-memory channels of this run's cross-node queues."""
+        channels, fds = {}, []
+        try:
+            for i, (queue, capacity) in enumerate(sorted(shared.items())):
+                desc, made = create_channel(f"{self._prefix}q{rid}_{i}_",
+                                            capacity)
+                channels[queue] = desc
+                fds.extend(made)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            shm.sweep(f"{self._prefix}q{rid}_")
+            raise
+        return channels, fds
+
     def _prepare(self, plan):
         """(plan id, pickled plan, queue ids it uses), once per NodePlan."""
         prepared = self._prepared.get(plan)
@@ -370,37 +387,44 @@ class LocalHostScheduler(Session):
             self._prepared[plan] = prepared
         return prepared
 
-    def _run_message(self, handle, rid, prepared):
+    def _run_message(self, handle, rid, prepared, channels):
         plan_id, payload, _ = prepared
         if plan_id in handle.plans:
-            return (P.RUN, rid, plan_id, None)
+            return (P.RUN, rid, plan_id, None, channels)
         handle.plans[plan_id] = True
         if len(handle.plans) > P.PLAN_CACHE:
             handle.plans.popitem(last=False)
-        return (P.RUN, rid, plan_id, payload)
+        return (P.RUN, rid, plan_id, payload, channels)
 
     def _run_plans(self, plans, timeout):
         timeout = timeout if timeout is not None else self._default_timeout
         # a plan that cannot be sent fails here, before anything starts
         prepared = {p.node: self._prepare(p) for p in plans}
-        _check_queues_stay_on_one_node(prepared)
+        shared = _cross_node_queues(prepared)
         handles = self._ensure({p.node: p.node_kwargs for p in plans})
         rid = next(self._rids)
-        state = RunState([h.name for h in handles], rid)
-        by_name = {h.name: h for h in handles}
-        for handle in handles:
-            try:
-                handle.send(self._run_message(handle, rid,
-                                              prepared[handle.name]))
-                handle.state = NodeState.RUNNING
-            except (OSError, EOFError):
-                state.failed(handle.name, self._death_error(handle,
-                                                            "receiving a plan"))
+        channels, fds = self._make_channels(shared, rid)
         try:
-            self._wait_run(state, by_name, timeout)
-        except BaseException:
-            self._abort(state, by_name)
-            raise
+            state = RunState([h.name for h in handles], rid)
+            by_name = {h.name: h for h in handles}
+            for handle in handles:
+                try:
+                    handle.send(self._run_message(
+                        handle, rid, prepared[handle.name], channels))
+                    handle.state = NodeState.RUNNING
+                except (OSError, EOFError):
+                    state.failed(handle.name, self._death_error(
+                        handle, "receiving a plan"))
+            try:
+                self._wait_run(state, by_name, timeout)
+            except BaseException:
+                self._abort(state, by_name)
+                raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+            if shared:
+                shm.sweep(f"{self._prefix}q{rid}_")
         error = state.error()
         if error is not None:
             raise error
@@ -737,22 +761,47 @@ def _pickle_plan(plan):
         raise PlanError(_unpicklable(plan, user_ops, exc)) from exc
 
 
+_QUEUE_ROLES = {"EnqueueRecord": "writes", "DequeueRecords": "reads"}
+
+
 def _queues_of(plan):
-    return frozenset(op.args["queue"] for net in plan.step.walk_nets()
-                     for op in net.ops if "queue" in op.args)
+    """``{queue id: (capacity, roles)}`` of the queue ops in ``plan``."""
+    found = {}
+    for net in plan.step.walk_nets():
+        for op in net.ops:
+            if "queue" in op.args:
+                capacity, roles = found.get(op.args["queue"],
+                                            (op.args["capacity"], set()))
+                if op.type in _QUEUE_ROLES:
+                    roles.add(_QUEUE_ROLES[op.type])
+                found[op.args["queue"]] = (capacity, roles)
+    return found
 
 
-def _check_queues_stay_on_one_node(prepared):
-    seen = {}
+def _cross_node_queues(prepared):
+    """``{queue id: capacity}`` of the queues used on more than one node.
+
+    Such a queue gets a shared-memory channel; its writers must all be on
+    one node and its readers on one (each side's index is guarded by a
+    thread lock of its own process)."""
+    users = {}
     for node, (_, _, queues) in prepared.items():
-        for queue in queues:
-            if queue in seen:
+        for queue, (capacity, roles) in queues.items():
+            users.setdefault(queue, (capacity, {}))[1][node] = roles
+    shared = {}
+    for queue, (capacity, by_node) in users.items():
+        if len(by_node) < 2:
+            continue
+        for role in ("writes", "reads"):
+            nodes = sorted(n for n, roles in by_node.items() if role in roles)
+            if len(nodes) > 1:
                 raise PlanError(
-                    f"queue {queue!r} is used by tasks on nodes "
-                    f"{seen[queue]!r} and {node!r}; LocalHostScheduler does "
-                    "not carry queues between node processes yet -- put its "
-                    "producer and consumer on one node, or use LocalSession")
-            seen[queue] = node
+                    f"queue {queue!r} has tasks on nodes {nodes} that all "
+                    f"{role[:-1]} it; a queue between node processes takes "
+                    "its writers from one node and its readers from one node"
+                    " -- use one queue per producing node")
+        shared[queue] = capacity
+    return shared
 
 
 def _unpicklable(plan, user_ops, exc):

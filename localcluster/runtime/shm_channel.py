@@ -1,0 +1,228 @@
+"""A queue channel between two node processes, in shared memory.
+
+::
+
+    producer node                 control segment              consumer node
+    put(record):                  [closed, tail, head,         get(n):
+      wait a "free" token  <----   capacity, slot gens...]  ---> wait "full" tokens
+      copy the record into slot                                 copy records out
+      tail += 1; post "full"  ------ FIFO "full" ------------>  head += 1;
+                              <----- FIFO "free" -------------  post "free"
+
+The master creates, for one run, a control segment and two named FIFOs
+(``free`` pre-filled with ``capacity`` tokens) and hands their names to
+both nodes; it keeps the FIFOs open for the run (a FIFO drops its bytes
+when nobody holds it) and removes everything when the run ends.  A record
+goes into a slot segment of its own size class (made by the producer, kept
+while records fit, replaced -- new generation -- when one does not); the
+consumer maps it by name and copies the arrays out.
+
+All of a queue's writers are on one node and all its readers on another
+(the scheduler checks), so each side's index is only touched by its own
+process, under a thread lock.  Every wait is a ``select`` on a FIFO in
+slices, checking the closed flag, the run's cancellation and the
+channel's abort, so a closed queue, a cancelled run or a dead peer (the
+master cancels the run) never leaves a node blocked.
+"""
+
+import os
+import pickle
+import select
+import struct
+import threading
+
+import numpy as np
+
+from . import shm
+from .executor import Cancelled
+
+__all__ = ["create_channel", "ShmChannel"]
+
+_HEADER = struct.Struct("qqqq")      # closed, tail, head, capacity
+_SLOT = struct.Struct("q")           # generation of a slot's segment
+WAIT_SLICE = 0.05
+_ALIGN = 64
+
+
+def _fifo(path):
+    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    return fd
+
+
+def create_channel(prefix, capacity):
+    """Master side: make the channel's parts; ``(descriptor, fds)``.
+
+    Keep ``fds`` open for the run, then close them and sweep ``prefix``.
+    """
+    control = prefix + "ctl"
+    mm = shm.create_segment(control, _HEADER.size + capacity * _SLOT.size)
+    _HEADER.pack_into(mm, 0, 0, 0, 0, capacity)
+    fds = []
+    for kind in ("free", "full"):
+        path = os.path.join(shm.SHM_DIR, prefix + kind)
+        os.mkfifo(path, 0o600)
+        fds.append(_fifo(path))
+    os.write(fds[0], b"x" * capacity)
+    return {"prefix": prefix, "control": control, "capacity": capacity}, fds
+
+
+class ShmChannel:
+    """One node's end of a cross-node queue (see the module docstring)."""
+
+    def __init__(self, desc):
+        self.prefix = desc["prefix"]
+        self.capacity = desc["capacity"]
+        self._control = shm.map_segment(desc["control"], writable=True)
+        self._free = _fifo(os.path.join(shm.SHM_DIR, self.prefix + "free"))
+        self._full = _fifo(os.path.join(shm.SHM_DIR, self.prefix + "full"))
+        self._lock = threading.Lock()
+        self._slots = {}      # slot -> (generation, mmap)
+        self._aborted = False
+
+    # -- shared header ------------------------------------------------------
+
+    def _header(self):
+        return _HEADER.unpack_from(self._control, 0)
+
+    def _set(self, index, value):
+        struct.pack_into("q", self._control, index * 8, value)
+
+    def _generation(self, slot):
+        return _SLOT.unpack_from(self._control, _HEADER.size + slot * 8)[0]
+
+    def _closed(self):
+        return self._header()[0] != 0
+
+    # -- tokens -------------------------------------------------------------
+
+    def _take(self, fd, cancelled):
+        """Take one token from ``fd``; False if the queue closed first."""
+        while True:
+            if self._aborted or (cancelled is not None and cancelled.is_set()):
+                raise Cancelled("queue wait ended: the run was cancelled")
+            try:
+                if os.read(fd, 1):
+                    return True
+            except BlockingIOError:
+                pass
+            if self._closed():
+                return False
+            select.select([fd], [], [], WAIT_SLICE)
+
+    def _post(self, fd, n=1):
+        try:
+            os.write(fd, b"x" * n)
+        except BlockingIOError:
+            pass  # the FIFO is full of tokens: every waiter can go on
+
+    # -- slots --------------------------------------------------------------
+
+    def _slot_name(self, slot, generation):
+        return f"{self.prefix}s{slot}_g{generation}"
+
+    def _map(self, slot, generation, size=None):
+        cached = self._slots.get(slot)
+        if cached is not None and cached[0] == generation and \
+                (size is None or len(cached[1]) >= size):
+            return cached[1]
+        name = self._slot_name(slot, generation)
+        mm = (shm.create_segment(name, size) if size is not None
+              else shm.map_segment(name))
+        self._slots[slot] = (generation, mm)
+        return mm
+
+    def put(self, record, cancelled=None):
+        """Enqueue ``record``; False (nothing queued) if the queue is closed."""
+        if self._closed() or not self._take(self._free, cancelled):
+            return False
+        if self._closed():
+            self._post(self._free)  # a wake-up token: pass it on
+            return False
+        arrays = [np.ascontiguousarray(a) for a in record]
+        meta = pickle.dumps([(a.dtype.str, a.shape) for a in arrays])
+        offsets, size = [], 8 + len(meta)
+        for a in arrays:
+            size = -(-size // _ALIGN) * _ALIGN
+            offsets.append(size)
+            size += a.nbytes
+        with self._lock:
+            tail = self._header()[1]
+            slot = tail % self.capacity
+            generation = self._generation(slot)
+            cached = self._slots.get(slot)
+            if cached is None or cached[0] != generation or \
+                    len(cached[1]) < size:
+                if generation:
+                    shm.unlink(self._slot_name(slot, generation))
+                generation += 1
+                mm = self._map(slot, generation, max(size, 4096))
+                struct.pack_into("q", self._control,
+                                 _HEADER.size + slot * 8, generation)
+            else:
+                mm = cached[1]
+            struct.pack_into("q", mm, 0, len(meta))
+            mm[8:8 + len(meta)] = meta
+            for a, offset in zip(arrays, offsets):
+                np.copyto(np.ndarray(a.shape, a.dtype, buffer=mm,
+                                     offset=offset), a)
+            self._set(1, tail + 1)
+        self._post(self._full)
+        return True
+
+    def get(self, n, cancelled=None):
+        """Up to ``n`` records; ``(records, finished)`` as LocalChannel."""
+        records = []
+        for _ in range(max(1, int(n))):
+            if not self._take(self._full, cancelled):
+                break
+            record = self._read_one()
+            if record is None:  # a wake-up token of close(): pass it on
+                self._post(self._full)
+                break
+            records.append(record)
+            self._post(self._free)
+        if records:
+            return records, False
+        return [], self._drained()
+
+    def _drained(self):
+        closed, tail, head, _ = self._header()
+        return bool(closed) and head >= tail
+
+    def _read_one(self):
+        with self._lock:
+            _, tail, head, _ = self._header()
+            if head >= tail:
+                return None
+            slot = head % self.capacity
+            mm = self._map(slot, self._generation(slot))
+            (meta_len,) = struct.unpack_from("q", mm, 0)
+            meta = pickle.loads(bytes(mm[8:8 + meta_len]))
+            offset, out = 8 + meta_len, []
+            for dtype, shape in meta:
+                offset = -(-offset // _ALIGN) * _ALIGN
+                view = np.ndarray(shape, np.dtype(dtype), buffer=mm,
+                                  offset=offset)
+                out.append(np.array(view, copy=True))
+                offset += view.nbytes
+            self._set(2, head + 1)
+        return tuple(out)
+
+    def close(self):
+        self._set(0, 1)
+        # wake whoever waits on either side; they see the flag
+        self._post(self._free, 64)
+        self._post(self._full, 64)
+
+    def abort(self):
+        self._aborted = True
+
+    def release(self):
+        """Drop this node's mappings and FIFO descriptors."""
+        for fd in (self._free, self._full):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._slots.clear()
+        self._control = None
