@@ -12,16 +12,23 @@ from localcluster import (Dataset, LocalHostScheduler, Node, Output,
 from localcluster.dataio import CompositeReader, CounterReader
 
 
-def make_datasets(session, src, dst_fields, node="local"):
-    """Source and (empty) destination datasets in ``node``'s workspace."""
+def make_datasets(session, src, dst_fields, node="local", dst_node=None):
+    """Source and (empty) destination datasets; the destination (and the
+    ``calls`` counter) on ``dst_node``, by default the source's node."""
+    dst_node = dst_node or node
     with TaskGroup(WorkspaceType.GLOBAL) as init:
         with Node(node), Task():
             source = Dataset(src, name="src")
+        with Node(dst_node), Task():
             dest = Dataset({f: np.zeros(0, dtype=np.asarray(src[f]).dtype)
                             for f in dst_fields}, name="dst")
             ops.CreateCounter([], ["calls"])
     session.run(init)
     return source, dest
+
+
+#: (producer node, consumer node): one node, or a queue between two
+PLACEMENTS = [("local", "local"), ("reader", "trainer")]
 
 
 def double_uid(rec):
@@ -33,35 +40,45 @@ def zero_value(rec):
     return {"uid": rec["uid"], "value": ops.Sub([rec["value"], rec["value"]])}
 
 
-def test_chain_through_two_queues_into_a_dataset(session):
+@pytest.mark.parametrize("producer,consumer", PLACEMENTS)
+def test_chain_through_two_queues_into_a_dataset(session, producer,
+                                                 consumer):
     src, dst = make_datasets(
         session, {"uid": np.array([1, 2, 6]),
-                  "value": np.array([1.4, 1.6, 1.7])}, ["uid", "value"])
+                  "value": np.array([1.4, 1.6, 1.7])}, ["uid", "value"],
+        node=producer, dst_node=consumer)
     with TaskGroup() as tg:
-        q1 = pipe(src.reader(), processor=double_uid)
-        q2 = pipe(q1, processor=zero_value)
-        pipe(q2, dst.writer())
+        with Node(producer):
+            q1 = pipe(src.reader(), processor=double_uid)
+        with Node(consumer):
+            q2 = pipe(q1, processor=zero_value)
+            pipe(q2, dst.writer())
     session.run(tg, timeout=30)
     out = dst.fetch(session)
     np.testing.assert_array_equal(out["uid"], [2, 4, 12])
     np.testing.assert_array_equal(out["value"], [0.0, 0.0, 0.0])
 
 
-def test_dequeuing_several_records_concatenates_them(session):
+@pytest.mark.parametrize("producer,consumer", PLACEMENTS)
+def test_dequeuing_several_records_concatenates_them(session, producer,
+                                                     consumer):
     n, take = 17, 3
     src, dst = make_datasets(
         session, {"uid": np.arange(n), "value": 0.1 * np.arange(n)},
-        ["uid", "value"])
+        ["uid", "value"], node=producer, dst_node=consumer)
     with TaskGroup() as tg:
-        q1 = pipe(src.reader(), output=Queue(11, num_dequeue_records=take),
-                  processor=double_uid)
-        q2 = pipe(q1, processor=zero_value)
-        pipe(q2, dst.writer())
+        with Node(producer):
+            q1 = pipe(src.reader(),
+                      output=Queue(11, num_dequeue_records=take),
+                      processor=double_uid)
+        with Node(consumer):
+            q2 = pipe(q1, processor=zero_value)
+            pipe(q2, dst.writer())
     session.run(tg, timeout=30)
     out = dst.fetch(session)
     np.testing.assert_array_equal(out["uid"], 2 * np.arange(n))
     np.testing.assert_array_equal(out["value"], np.zeros(n))
-    assert session.fetch_blob("calls") == math.ceil(n / take)
+    assert session.fetch_blob("calls", consumer) == math.ceil(n / take)
 
 
 def mark_instance(rec):
@@ -72,22 +89,28 @@ def mark_instance(rec):
     return None
 
 
-def test_runtime_threads_process_every_record_exactly_once(session):
+@pytest.mark.parametrize("producer,consumer", PLACEMENTS)
+def test_runtime_threads_process_every_record_exactly_once(session, producer,
+                                                           consumer):
+    values = 2 ** np.arange(100, dtype=np.float64) % 1000003
     with TaskGroup(WorkspaceType.GLOBAL) as init:
-        with Node("local"), Task():
-            src = Dataset({"x": 2 ** np.arange(100, dtype=np.float64)
-                           % 1000003}, name="src")
+        with Node(producer), Task():
+            src = Dataset({"x": values}, name="src")
+        with Node(consumer), Task():
             ops.CreateCounter([], ["instances"])
             ops.CreateCounter([], ["records"])
             ops.ConstantFill([], ["seen"], shape=[1], value=0.0)
     session.run(init)
     with TaskGroup() as tg:
-        pipe(src.reader(), processor=mark_instance, num_runtime_threads=8)
+        with Node(producer):
+            source = src.reader() if producer == consumer else \
+                pipe(src.reader(), capacity=8)
+        with Node(consumer):
+            pipe(source, processor=mark_instance, num_runtime_threads=8)
     session.run(tg, timeout=30)
-    assert session.fetch_blob("instances") == 8
-    assert session.fetch_blob("records") == 100
-    expected = (2 ** np.arange(100, dtype=np.float64) % 1000003).sum()
-    assert session.fetch_blob("seen")[0] == expected
+    assert session.fetch_blob("instances", consumer) == 8
+    assert session.fetch_blob("records", consumer) == 100
+    assert session.fetch_blob("seen", consumer)[0] == values.sum()
 
 
 def count_records(rec):
