@@ -38,9 +38,10 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from localcluster import (LocalHostScheduler, LocalSession,  # noqa: E402
-                          NetBuilder, Node, NodeFailedError, Task, TaskGroup,
-                          WorkspaceType, ops, to_execution_step)
+from localcluster import (CounterReader, LocalHostScheduler,  # noqa: E402
+                          LocalSession, NetBuilder, Node, NodeFailedError,
+                          ReaderWithLimit, Task, TaskGroup, WorkspaceType,
+                          ops, pipe, to_execution_step)
 
 FORK = multiprocessing.get_context("fork")
 MiB = 1 << 20
@@ -62,16 +63,21 @@ class Config:
     startup_rounds: int
     kill_repeats: int
     loop_iters: int
+    queue_small: int
+    queue_big: int
+    queue_rounds: int
     loop_rounds: int
     warmup: int
 
 
 FULL = Config(dispatch_rounds=20, dispatch_block=100, zero_copy_rounds=10,
               zero_copy_block=20, copy_rounds=7, startup_rounds=7,
-              kill_repeats=7, loop_iters=20_000, loop_rounds=9, warmup=3)
+              kill_repeats=7, loop_iters=20_000, loop_rounds=9, warmup=3,
+              queue_small=2000, queue_big=200, queue_rounds=5)
 QUICK = Config(dispatch_rounds=3, dispatch_block=20, zero_copy_rounds=3,
                zero_copy_block=5, copy_rounds=2, startup_rounds=2,
-               kill_repeats=3, loop_iters=2_000, loop_rounds=3, warmup=1)
+               kill_repeats=3, loop_iters=2_000, loop_rounds=3, warmup=1,
+               queue_small=200, queue_big=20, queue_rounds=2)
 
 
 # -- results ----------------------------------------------------------------------
@@ -432,8 +438,87 @@ def measure_op_loop(cfg):
                 "numpy calls", m["ours"] / n, m["numpy"] / n, 3.0)]
 
 
+# -- 6. a queue between two node processes -----------------------------------------
+
+def _queue_group(n, shape):
+    """``n`` records of ``shape`` float64 from node q_reader to q_trainer."""
+    def make(record):
+        return {"x": ops.ConstantFill([], shape=list(shape), value=1.0)}
+
+    with TaskGroup() as group:
+        with Node("q_reader"):
+            queue = pipe(ReaderWithLimit(CounterReader(), num_iter=n),
+                         processor=make, capacity=64)
+        with Node("q_trainer"):
+            pipe(queue, processor=lambda record: None)
+    return group
+
+
+def _mp_producer(queue, go, n, size):
+    go.wait()
+    for _ in range(n):
+        queue.put(np.ones(size))
+
+
+def _mp_queue_time(n, size):
+    """Seconds for ``n`` arrays of ``size`` float64 through a
+    multiprocessing.Queue from a forked process to this one."""
+    queue, go = FORK.Queue(64), FORK.Event()
+    proc = FORK.Process(target=_mp_producer, args=(queue, go, n, size))
+    proc.start()
+    try:
+        start = time.perf_counter()
+        go.set()
+        for _ in range(n):
+            queue.get(timeout=60)
+        return time.perf_counter() - start
+    finally:
+        proc.join(10)
+        queue.close()
+        queue.join_thread()
+
+
+def _memcpy_time(n, size):
+    src, dst = np.ones(size), np.empty(size)
+    start = time.perf_counter()
+    for _ in range(n):
+        np.copyto(dst, src)
+    return time.perf_counter() - start
+
+
+def measure_queues(cfg):
+    small, big, rounds = cfg.queue_small, cfg.queue_big, cfg.queue_rounds
+    mib = MiB // 8
+    session = LocalHostScheduler(nodes=["q_reader", "q_trainer"])
+    try:
+        small_group, big_group = _queue_group(small, [1]), \
+            _queue_group(big, [1, mib])
+        session.run(small_group)  # warm up: plans sent, nets compiled
+        session.run(big_group)
+        ours_small = statistics.median(
+            timed(lambda: session.run(small_group))() for _ in range(rounds))
+        ours_big = statistics.median(
+            timed(lambda: session.run(big_group))() for _ in range(rounds))
+    finally:
+        session.close()
+    mpq_small = statistics.median(_mp_queue_time(small, 1)
+                                  for _ in range(rounds))
+    mpq_big = statistics.median(_mp_queue_time(big, mib)
+                                for _ in range(rounds))
+    memcpy_big = statistics.median(_memcpy_time(big, mib)
+                                   for _ in range(rounds))
+    return [
+        Row("queue_small", f"cross-node queue, {small} small records vs "
+            "multiprocessing.Queue", ours_small, mpq_small, 0.2),
+        Row("queue_big_memcpy", f"cross-node queue, {big} x 1 MiB vs "
+            "memcpy of the same bytes", ours_big, memcpy_big, 2.0),
+        Row("queue_big_mpq", f"cross-node queue, {big} x 1 MiB vs "
+            "multiprocessing.Queue", ours_big, mpq_big),
+    ]
+
+
 MEASUREMENTS = [measure_dispatch, measure_fetch, measure_startup,
-                measure_sigkill, measure_op_loop]
+                measure_sigkill, measure_op_loop, measure_queues]
 
 
 # -- leaks ------------------------------------------------------------------------

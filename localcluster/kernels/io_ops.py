@@ -24,8 +24,7 @@ def _channel(ctx, queue, capacity):
 def enqueue_record(ctx, *fields, queue=None, capacity=1):
     """Queue the fields as one record; outputs True if the queue is closed
     (the writer should stop)."""
-    record = tuple(np.array(f, copy=True) for f in fields)
-    queued = _channel(ctx, queue, capacity).put(record, ctx.cancelled)
+    queued = _channel(ctx, queue, capacity).put(fields, ctx.cancelled)
     return np.array(not queued)
 
 

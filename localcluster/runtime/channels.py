@@ -17,6 +17,8 @@ waiter, which then raises `Cancelled`.
 import collections
 import threading
 
+import numpy as np
+
 from .executor import Cancelled
 
 __all__ = ["LocalChannel", "ChannelHub"]
@@ -48,7 +50,8 @@ class LocalChannel:
             self._check(cancelled)
             if self._closed:
                 return False
-            self._items.append(record)
+            # the queue keeps its own copy: the writer's blobs change later
+            self._items.append(tuple(np.array(f, copy=True) for f in record))
             self._cond.notify_all()
             return True
 
