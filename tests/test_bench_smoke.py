@@ -13,7 +13,8 @@ BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench.py"
 MEASUREMENTS = {
     "dispatch_localhost", "dispatch_local", "fetch_zero_copy", "fetch_copy",
     "fetch_copy_vs_pickle", "fetch_zero_copy_vs_pickle", "startup_16",
-    "startup_16_vs_fork", "sigkill_detection", "op_loop",
+    "startup_16_vs_fork", "sigkill_detection", "op_loop", "queue_small",
+    "queue_big_memcpy", "queue_big_mpq",
 }
 
 
