@@ -77,6 +77,11 @@ def _process(processor, record, name):
                 f"processor of {name!r} both used the ops DSL and returned "
                 "nets; do one or the other")
         return out, out.nets
+    if builder._stop_blob is None and all(isinstance(c, Net)
+                                          for c in builder._children):
+        # Plain nets join the pipe's loop as they are: one step of nets
+        # runs much faster than a step per net.
+        return out, list(builder._children)
     return out, ([to_execution_step(builder)] if builder._children else [])
 
 

@@ -77,6 +77,7 @@ class ShmChannel:
         self._full = _fifo(os.path.join(shm.SHM_DIR, self.prefix + "full"))
         self._lock = threading.Lock()
         self._slots = {}      # slot -> (generation, mmap)
+        self._metas = {}      # record layouts, pickled and not
         self._aborted = False
 
     # -- shared header ------------------------------------------------------
@@ -96,7 +97,9 @@ class ShmChannel:
     # -- tokens -------------------------------------------------------------
 
     def _take(self, fd, cancelled):
-        """Take one token from ``fd``; False if the queue closed first."""
+        """Take one token from ``fd``; False if the queue closed first --
+        for a reader, only once every queued record has been taken (by
+        this thread or another of this node)."""
         while True:
             if self._aborted or (cancelled is not None and cancelled.is_set()):
                 raise Cancelled("queue wait ended: the run was cancelled")
@@ -105,7 +108,7 @@ class ShmChannel:
                     return True
             except BlockingIOError:
                 pass
-            if self._closed():
+            if self._closed() and (fd == self._free or self._drained()):
                 return False
             select.select([fd], [], [], WAIT_SLICE)
 
@@ -138,8 +141,11 @@ class ShmChannel:
         if self._closed():
             self._post(self._free)  # a wake-up token: pass it on
             return False
-        arrays = [np.ascontiguousarray(a) for a in record]
-        meta = pickle.dumps([(a.dtype.str, a.shape) for a in arrays])
+        arrays = [np.asarray(a, order="C") for a in record]
+        key = tuple((a.dtype.str, a.shape) for a in arrays)
+        meta = self._metas.get(key)
+        if meta is None:
+            meta = self._metas[key] = pickle.dumps(key)
         offsets, size = [], 8 + len(meta)
         for a in arrays:
             size = -(-size // _ALIGN) * _ALIGN
@@ -197,7 +203,10 @@ class ShmChannel:
             slot = head % self.capacity
             mm = self._map(slot, self._generation(slot))
             (meta_len,) = struct.unpack_from("q", mm, 0)
-            meta = pickle.loads(bytes(mm[8:8 + meta_len]))
+            raw = bytes(mm[8:8 + meta_len])
+            meta = self._metas.get(raw)
+            if meta is None:
+                meta = self._metas[raw] = pickle.loads(raw)
             offset, out = 8 + meta_len, []
             for dtype, shape in meta:
                 offset = -(-offset // _ALIGN) * _ALIGN
