@@ -339,3 +339,34 @@ def test_writers_of_one_cross_node_queue_on_two_nodes_are_refused():
             session.run(tg)
     finally:
         session.close()
+
+
+def test_reader_with_time_limit_stops_after_its_duration(session):
+    from localcluster import ReaderWithDelay, ReaderWithTimeLimit
+    with TaskGroup(WorkspaceType.GLOBAL) as init:
+        with Node("local"), Task():
+            src = Dataset({"x": np.arange(1000)}, name="src")
+            ops.CreateCounter([], ["read"])
+    session.run(init)
+    with TaskGroup() as tg:
+        slow = ReaderWithDelay(src.reader(), 0.01)
+        pipe(ReaderWithTimeLimit(slow, duration=0.2), processor=count_records)
+    session.run(tg, timeout=30)
+    # ~20 reads in 0.2 s at 10 ms each; far fewer than the 1000 records
+    assert 1 <= session.fetch_blob("read") <= 100
+
+
+def test_reader_with_delay_waits_before_every_read(session):
+    import time
+    from localcluster import ReaderWithDelay
+    with TaskGroup(WorkspaceType.GLOBAL) as init:
+        with Node("local"), Task():
+            src = Dataset({"x": np.arange(5)}, name="src")
+            ops.CreateCounter([], ["read"])
+    session.run(init)
+    with TaskGroup() as tg:
+        pipe(ReaderWithDelay(src.reader(), 0.05), processor=count_records)
+    start = time.monotonic()
+    session.run(tg, timeout=30)
+    assert time.monotonic() - start >= 0.25  # six reads, each after 50 ms
+    assert session.fetch_blob("read") == 5

@@ -9,13 +9,12 @@
       tail += 1; post "full"  ------ FIFO "full" ------------>  head += 1;
                               <----- FIFO "free" -------------  post "free"
 
-The master creates, for one run, a control segment and two named FIFOs
-(``free`` pre-filled with ``capacity`` tokens) and hands their names to
-both nodes; it keeps the FIFOs open for the run (a FIFO drops its bytes
-when nobody holds it) and removes everything when the run ends.  A record
-goes into a slot segment of its own size class (made by the producer, kept
-while records fit, replaced -- new generation -- when one does not); the
-consumer maps it by name and copies the arrays out.
+The master creates a control segment and two named FIFOs per queue
+(`ChannelParts`), resets them before every run (``free`` filled with
+``capacity`` tokens) and hands their names to both nodes, which keep their
+end (`ShmChannel`) across runs.  A record goes into a slot segment (made by
+the producer, kept while records fit, replaced -- new generation -- when
+one does not); the consumer maps it by name and copies the arrays out.
 
 All of a queue's writers are on one node and all its readers on another
 (the scheduler checks), so each side's index is only touched by its own
@@ -36,7 +35,7 @@ import numpy as np
 from . import shm
 from .executor import Cancelled
 
-__all__ = ["create_channel", "ShmChannel"]
+__all__ = ["ChannelParts", "ShmChannel"]
 
 _HEADER = struct.Struct("qqqq")      # closed, tail, head, capacity
 _SLOT = struct.Struct("q")           # generation of a slot's segment
@@ -49,21 +48,50 @@ def _fifo(path):
     return fd
 
 
-def create_channel(prefix, capacity):
-    """Master side: make the channel's parts; ``(descriptor, fds)``.
+class ChannelParts:
+    """Master side: a channel's control segment and FIFOs.
 
-    Keep ``fds`` open for the run, then close them and sweep ``prefix``.
+    The master keeps them (the FIFOs open: a FIFO drops its bytes when
+    nobody holds it) for as long as the queue is used, and `reset` them
+    before every run -- empty and open -- while the slot segments the nodes
+    made stay, already mapped, so records do not fault in fresh pages every
+    run.  `close` and a sweep of ``prefix`` remove everything.
     """
-    control = prefix + "ctl"
-    mm = shm.create_segment(control, _HEADER.size + capacity * _SLOT.size)
-    _HEADER.pack_into(mm, 0, 0, 0, 0, capacity)
-    fds = []
-    for kind in ("free", "full"):
-        path = os.path.join(shm.SHM_DIR, prefix + kind)
-        os.mkfifo(path, 0o600)
-        fds.append(_fifo(path))
-    os.write(fds[0], b"x" * capacity)
-    return {"prefix": prefix, "control": control, "capacity": capacity}, fds
+
+    def __init__(self, prefix, capacity):
+        self.prefix = prefix
+        self.capacity = capacity
+        self.desc = {"prefix": prefix, "control": prefix + "ctl",
+                     "capacity": capacity}
+        self._fds = []
+        try:
+            self._control = shm.create_segment(
+                prefix + "ctl", _HEADER.size + capacity * _SLOT.size)
+            for kind in ("free", "full"):
+                path = os.path.join(shm.SHM_DIR, prefix + kind)
+                os.mkfifo(path, 0o600)
+                self._fds.append(_fifo(path))
+        except BaseException:
+            self.close()
+            raise
+        self.reset()
+
+    def reset(self):
+        """Empty and open, with ``capacity`` free slots (nodes idle)."""
+        _HEADER.pack_into(self._control, 0, 0, 0, 0, self.capacity)
+        for fd in self._fds:
+            try:
+                while os.read(fd, 65536):
+                    pass
+            except BlockingIOError:
+                pass
+        os.write(self._fds[0], b"x" * self.capacity)
+
+    def close(self):
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+        shm.sweep(self.prefix)
 
 
 class ShmChannel:
@@ -78,6 +106,10 @@ class ShmChannel:
         self._lock = threading.Lock()
         self._slots = {}      # slot -> (generation, mmap)
         self._metas = {}      # record layouts, pickled and not
+        self._aborted = False
+
+    def begin(self):
+        """A new run: this end is usable again after an aborted one."""
         self._aborted = False
 
     # -- shared header ------------------------------------------------------

@@ -224,6 +224,7 @@ class _NodeServer:
         self.rc = RunContext(spec.name, workspace.lock, self.cancelled,
                              {"queues": ChannelHub()})
         self.plans = collections.OrderedDict()   # plan id -> plan
+        self.shm_channels = {}   # channel prefix -> ShmChannel (kept)
         self.send_lock = threading.Lock()
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
         threading.Thread(target=self._canceller, daemon=True,
@@ -269,16 +270,23 @@ class _NodeServer:
             # Queues start empty and open at every run; a queue shared with
             # another node is the shared-memory channel the master made.
             self.rc.op_context.resources["queues"] = ChannelHub(
-                lambda queue, capacity: (ShmChannel(channels[queue])
+                lambda queue, capacity: (self._shm_channel(channels[queue])
                                          if queue in channels
                                          else LocalChannel(capacity)))
             if self._cancel_rid() >= rid:
                 self._cancel()
 
+    def _shm_channel(self, desc):
+        """This node's end of a cross-node queue, kept across runs."""
+        channel = self.shm_channels.get(desc["prefix"])
+        if channel is None:
+            channel = self.shm_channels[desc["prefix"]] = ShmChannel(desc)
+        channel.begin()
+        return channel
+
     def _end_run(self):
         with self.run_lock:
             self.current_rid = None
-            self.rc.op_context.resources["queues"].release()
 
     # -- requests -----------------------------------------------------------
 

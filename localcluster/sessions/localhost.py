@@ -56,7 +56,7 @@ from . import _protocol as P
 from ._logpump import LogPump
 from ._node import EXIT_MEMORY, NodeSpec, node_main
 from ._runstate import RunState
-from ..runtime.shm_channel import create_channel
+from ..runtime.shm_channel import ChannelParts
 from .base import Session
 
 __all__ = ["LocalHostScheduler"]
@@ -179,6 +179,8 @@ class LocalHostScheduler(Session):
         self._prepared = weakref.WeakKeyDictionary()  # NodePlan -> (id, bytes)
         self._plan_ids = itertools.count(1)
         self._poller = _Poller()
+        self._channels = {}  # (queue id, capacity) -> ChannelParts
+        self._channel_seq = itertools.count()
         shm.sweep_stale()
         self._pump = LogPump()
         _live.add(self)
@@ -362,21 +364,20 @@ class LocalHostScheduler(Session):
 
     # -- running ---------------------------------------------------------------------
 
-    def _make_channels(self, shared, rid):
-        """The shared-memory channels of this run's cross-node queues."""
-        channels, fds = {}, []
-        try:
-            for i, (queue, capacity) in enumerate(sorted(shared.items())):
-                desc, made = create_channel(f"{self._prefix}q{rid}_{i}_",
-                                            capacity)
-                channels[queue] = desc
-                fds.extend(made)
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            shm.sweep(f"{self._prefix}q{rid}_")
-            raise
-        return channels, fds
+    def _channels_for(self, shared):
+        """The shared-memory channels of this run's cross-node queues,
+        made on first use and reset -- empty and open -- for this run."""
+        channels = {}
+        for queue, capacity in sorted(shared.items()):
+            parts = self._channels.get((queue, capacity))
+            if parts is None:
+                parts = ChannelParts(
+                    f"{self._prefix}q{next(self._channel_seq)}_", capacity)
+                self._channels[(queue, capacity)] = parts
+            else:
+                parts.reset()
+            channels[queue] = parts.desc
+        return channels
 
     def _prepare(self, plan):
         """(plan id, pickled plan, queue ids it uses), once per NodePlan."""
@@ -403,28 +404,22 @@ class LocalHostScheduler(Session):
         shared = _cross_node_queues(prepared)
         handles = self._ensure({p.node: p.node_kwargs for p in plans})
         rid = next(self._rids)
-        channels, fds = self._make_channels(shared, rid)
-        try:
-            state = RunState([h.name for h in handles], rid)
-            by_name = {h.name: h for h in handles}
-            for handle in handles:
-                try:
-                    handle.send(self._run_message(
-                        handle, rid, prepared[handle.name], channels))
-                    handle.state = NodeState.RUNNING
-                except (OSError, EOFError):
-                    state.failed(handle.name, self._death_error(
-                        handle, "receiving a plan"))
+        channels = self._channels_for(shared)
+        state = RunState([h.name for h in handles], rid)
+        by_name = {h.name: h for h in handles}
+        for handle in handles:
             try:
-                self._wait_run(state, by_name, timeout)
-            except BaseException:
-                self._abort(state, by_name)
-                raise
-        finally:
-            for fd in fds:
-                os.close(fd)
-            if shared:
-                shm.sweep(f"{self._prefix}q{rid}_")
+                handle.send(self._run_message(
+                    handle, rid, prepared[handle.name], channels))
+                handle.state = NodeState.RUNNING
+            except (OSError, EOFError):
+                state.failed(handle.name, self._death_error(
+                    handle, "receiving a plan"))
+        try:
+            self._wait_run(state, by_name, timeout)
+        except BaseException:
+            self._abort(state, by_name)
+            raise
         error = state.error()
         if error is not None:
             raise error
@@ -680,6 +675,9 @@ class LocalHostScheduler(Session):
                     self._killpg(handle, signal.SIGKILL)
                     self._reap(handle)
             self._maps.clear()
+            for parts in self._channels.values():
+                parts.close()
+            self._channels.clear()
             self._pump.stop()
             shm.sweep(self._prefix)
             _live.discard(self)
