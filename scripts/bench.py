@@ -38,10 +38,10 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from localcluster import (CounterReader, LocalHostScheduler,  # noqa: E402
+from localcluster import (LocalHostScheduler,  # noqa: E402
                           LocalSession, NetBuilder, Node, NodeFailedError,
-                          ReaderWithLimit, Task, TaskGroup, WorkspaceType,
-                          ops, pipe, to_execution_step)
+                          Queue, Task, TaskGroup, WorkspaceType, ops, pipe,
+                          to_execution_step)
 
 FORK = multiprocessing.get_context("fork")
 MiB = 1 << 20
@@ -441,14 +441,17 @@ def measure_op_loop(cfg):
 # -- 6. a queue between two node processes -----------------------------------------
 
 def _queue_group(n, shape):
-    """``n`` records of ``shape`` float64 from node q_reader to q_trainer."""
-    def make(record):
-        return {"x": ops.ConstantFill([], shape=list(shape), value=1.0)}
-
+    """``n`` records of ``shape`` float64 from node q_reader to q_trainer:
+    the producer's loop only enqueues, the consumer's only dequeues, so the
+    queue itself is what is measured."""
+    queue = Queue(64, name="bench")
     with TaskGroup() as group:
-        with Node("q_reader"):
-            queue = pipe(ReaderWithLimit(CounterReader(), num_iter=n),
-                         processor=make, capacity=64)
+        with Node("q_reader"), Task(name="producer"):
+            record = {"x": ops.ConstantFill([], shape=list(shape), value=1.0)}
+            writer = queue.writer()
+            with ops.loop(n):
+                writer.write_record(ops.net(), record)
+            writer.commit(ops.net())
         with Node("q_trainer"):
             pipe(queue, processor=lambda record: None)
     return group

@@ -37,8 +37,11 @@ from .executor import Cancelled
 
 __all__ = ["ChannelParts", "ShmChannel"]
 
-_HEADER = struct.Struct("qqqq")      # closed, tail, head, capacity
-_SLOT = struct.Struct("q")           # generation of a slot's segment
+# The control segment is int64 words: closed, tail, head, capacity, then
+# one generation per slot.  Words are read and written through an int64
+# array -- one aligned 8-byte access each -- never with struct.pack_into,
+# which zeroes the field before writing it (a reader could see 0).
+_CLOSED, _TAIL, _HEAD, _CAPACITY, _GENERATIONS = 0, 1, 2, 3, 4
 WAIT_SLICE = 0.05
 _ALIGN = 64
 
@@ -66,7 +69,9 @@ class ChannelParts:
         self._fds = []
         try:
             self._control = shm.create_segment(
-                prefix + "ctl", _HEADER.size + capacity * _SLOT.size)
+                prefix + "ctl", 8 * (_GENERATIONS + capacity))
+            self._words = np.ndarray(_GENERATIONS + capacity, np.int64,
+                                     buffer=self._control)
             for kind in ("free", "full"):
                 path = os.path.join(shm.SHM_DIR, prefix + kind)
                 os.mkfifo(path, 0o600)
@@ -78,7 +83,7 @@ class ChannelParts:
 
     def reset(self):
         """Empty and open, with ``capacity`` free slots (nodes idle)."""
-        _HEADER.pack_into(self._control, 0, 0, 0, 0, self.capacity)
+        self._words[:_GENERATIONS] = (0, 0, 0, self.capacity)
         for fd in self._fds:
             try:
                 while os.read(fd, 65536):
@@ -101,6 +106,8 @@ class ShmChannel:
         self.prefix = desc["prefix"]
         self.capacity = desc["capacity"]
         self._control = shm.map_segment(desc["control"], writable=True)
+        self._words = np.ndarray(_GENERATIONS + self.capacity, np.int64,
+                                 buffer=self._control)
         self._free = _fifo(os.path.join(shm.SHM_DIR, self.prefix + "free"))
         self._full = _fifo(os.path.join(shm.SHM_DIR, self.prefix + "full"))
         self._lock = threading.Lock()
@@ -112,19 +119,19 @@ class ShmChannel:
         """A new run: this end is usable again after an aborted one."""
         self._aborted = False
 
-    # -- shared header ------------------------------------------------------
+    # -- shared words -------------------------------------------------------
 
-    def _header(self):
-        return _HEADER.unpack_from(self._control, 0)
+    def _word(self, index):
+        return int(self._words[index])
 
     def _set(self, index, value):
-        struct.pack_into("q", self._control, index * 8, value)
+        self._words[index] = value
 
     def _generation(self, slot):
-        return _SLOT.unpack_from(self._control, _HEADER.size + slot * 8)[0]
+        return int(self._words[_GENERATIONS + slot])
 
     def _closed(self):
-        return self._header()[0] != 0
+        return self._words[_CLOSED] != 0
 
     # -- tokens -------------------------------------------------------------
 
@@ -184,7 +191,7 @@ class ShmChannel:
             offsets.append(size)
             size += a.nbytes
         with self._lock:
-            tail = self._header()[1]
+            tail = self._word(_TAIL)
             slot = tail % self.capacity
             generation = self._generation(slot)
             cached = self._slots.get(slot)
@@ -194,8 +201,7 @@ class ShmChannel:
                     shm.unlink(self._slot_name(slot, generation))
                 generation += 1
                 mm = self._map(slot, generation, max(size, 4096))
-                struct.pack_into("q", self._control,
-                                 _HEADER.size + slot * 8, generation)
+                self._set(_GENERATIONS + slot, generation)
             else:
                 mm = cached[1]
             struct.pack_into("q", mm, 0, len(meta))
@@ -203,7 +209,7 @@ class ShmChannel:
             for a, offset in zip(arrays, offsets):
                 np.copyto(np.ndarray(a.shape, a.dtype, buffer=mm,
                                      offset=offset), a)
-            self._set(1, tail + 1)
+            self._set(_TAIL, tail + 1)
         self._post(self._full)
         return True
 
@@ -224,13 +230,12 @@ class ShmChannel:
         return [], self._drained()
 
     def _drained(self):
-        closed, tail, head, _ = self._header()
-        return bool(closed) and head >= tail
+        return self._closed() and self._word(_HEAD) >= self._word(_TAIL)
 
     def _read_one(self):
         with self._lock:
-            _, tail, head, _ = self._header()
-            if head >= tail:
+            head = self._word(_HEAD)
+            if head >= self._word(_TAIL):
                 return None
             slot = head % self.capacity
             mm = self._map(slot, self._generation(slot))
@@ -246,11 +251,11 @@ class ShmChannel:
                                   offset=offset)
                 out.append(np.array(view, copy=True))
                 offset += view.nbytes
-            self._set(2, head + 1)
+            self._set(_HEAD, head + 1)
         return tuple(out)
 
     def close(self):
-        self._set(0, 1)
+        self._set(_CLOSED, 1)
         # wake whoever waits on either side; they see the flag
         self._post(self._free, 64)
         self._post(self._full, 64)
@@ -266,4 +271,4 @@ class ShmChannel:
             except OSError:
                 pass
         self._slots.clear()
-        self._control = None
+        self._words = self._control = None

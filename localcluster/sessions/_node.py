@@ -34,7 +34,6 @@ import resource
 import select
 import selectors
 import signal
-import struct
 import sys
 import threading
 import time
@@ -217,6 +216,7 @@ class _NodeServer:
         self.store = store
         self.cancelled = threading.Event()
         self.control = shm.map_segment(spec.control)
+        self.control_word = np.ndarray(1, np.int64, buffer=self.control)
         self.run_lock = threading.Lock()
         self.current_rid = None
         self.wakeups = queue.SimpleQueue()
@@ -242,7 +242,7 @@ class _NodeServer:
         self.wakeups.put_nowait(None)  # reentrant: safe in a handler
 
     def _cancel_rid(self):
-        return struct.unpack_from("q", self.control, 0)[0]
+        return int(self.control_word[0])
 
     def _canceller(self):
         while True:

@@ -37,7 +37,6 @@ import os
 import pickle
 import select
 import signal
-import struct
 import sys
 import threading
 import time
@@ -129,6 +128,7 @@ class _Node:
         self.pid = None
         self.plans = collections.OrderedDict()  # mirror of the node's cache
         self.control = None   # shared int64: the run id to cancel
+        self.control_word = None
 
     def __repr__(self):
         return f"_Node({self.name!r}, pid={self.pid}, {self.state.value})"
@@ -236,6 +236,7 @@ class LocalHostScheduler(Session):
         log_r, log_w = self._ctx.Pipe(duplex=False)
         fork = self._start_method == "fork"
         handle.control = shm.create_segment(prefix + "ctl", 8)
+        handle.control_word = np.ndarray(1, np.int64, buffer=handle.control)
         # A forked child closes its copies of every master-side pipe end --
         # its own included -- so that EOF reaches the nodes that need it.
         inherited = (functools.partial(_close_all_of, _master_ends() +
@@ -505,7 +506,9 @@ class LocalHostScheduler(Session):
         state.start_cancelling(now, CANCEL_GRACE)
         for name in state.pending:
             handle = by_name[name]
-            struct.pack_into("q", handle.control, 0, state.rid)
+            # one aligned 8-byte store (struct.pack_into would zero the word
+            # first, and the node could read 0 in between)
+            handle.control_word[0] = state.rid
             try:
                 os.kill(handle.pid, signal.SIGUSR1)
             except ProcessLookupError:
