@@ -211,8 +211,23 @@ MASTER = textwrap.dedent("""
 """)
 
 
-def test_nodes_exit_and_segments_are_swept_when_the_master_is_killed():
-    master = subprocess.Popen([sys.executable, "-c", MASTER],
+THREAD_MASTER = textwrap.dedent("""
+    import threading, time
+    from localcluster import LocalHostScheduler
+    def main():
+        session = LocalHostScheduler(nodes=["a", "b"])
+        print(session._prefix, *session.node_pids().values(), flush=True)
+        time.sleep(3600)
+    threading.Thread(target=main, daemon=True).start()
+    time.sleep(3600)
+""")
+
+
+
+@pytest.mark.parametrize("script", [MASTER, THREAD_MASTER],
+                         ids=["main thread", "another thread"])
+def test_nodes_exit_and_segments_are_swept_when_the_master_is_killed(script):
+    master = subprocess.Popen([sys.executable, "-c", script],
                               stdout=subprocess.PIPE, text=True)
     try:
         prefix, *pids = master.stdout.readline().split()
@@ -247,7 +262,9 @@ CTRL_C = textwrap.dedent("""
 """)
 
 
-def test_ctrl_c_in_the_master_leaves_nothing_behind():
+# once: in the run; three times: in the run, in its abort, in close()
+@pytest.mark.parametrize("interrupts", [1, 3])
+def test_ctrl_c_in_the_master_leaves_nothing_behind(interrupts):
     env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__) +
                os.pathsep + os.environ.get("PYTHONPATH", ""))
     master = subprocess.Popen([sys.executable, "-c", CTRL_C], env=env,
@@ -258,7 +275,9 @@ def test_ctrl_c_in_the_master_leaves_nothing_behind():
         time.sleep(0.5)  # let the run start on both nodes
         children = psutil.Process(master.pid).children(recursive=True)
         assert len(children) >= 2
-        master.send_signal(signal.SIGINT)
+        for _ in range(interrupts):
+            master.send_signal(signal.SIGINT)
+            time.sleep(0.3)
         _, err = master.communicate(timeout=30)
         assert master.returncode != 0
         assert "KeyboardInterrupt" in err
@@ -558,57 +577,3 @@ def test_a_plan_that_failed_to_load_fails_the_same_way_again():
                 session.run(tg)
     finally:
         assert_clean(session)
-
-
-THREAD_MASTER = textwrap.dedent("""
-    import threading, time
-    from localcluster import LocalHostScheduler
-    def main():
-        session = LocalHostScheduler(nodes=["a", "b"])
-        print(session._prefix, *session.node_pids().values(), flush=True)
-        time.sleep(3600)
-    threading.Thread(target=main, daemon=True).start()
-    time.sleep(3600)
-""")
-
-
-def test_nodes_started_from_a_thread_exit_when_the_master_is_killed():
-    master = subprocess.Popen([sys.executable, "-c", THREAD_MASTER],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        prefix, *pids = master.stdout.readline().split()
-        master.send_signal(signal.SIGKILL)
-        master.wait(10)
-        nodes = [psutil.Process(int(p)) for p in pids
-                 if psutil.pid_exists(int(p))]
-        _, alive = psutil.wait_procs(nodes, timeout=10)
-        assert not alive
-        LocalHostScheduler().close()
-        assert not shm.segments(prefix)
-    finally:
-        if master.poll() is None:
-            master.kill()
-            master.wait(10)
-
-
-def test_repeated_ctrl_c_in_run_and_close_leaves_nothing_behind():
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__) +
-               os.pathsep + os.environ.get("PYTHONPATH", ""))
-    master = subprocess.Popen([sys.executable, "-c", CTRL_C], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
-    try:
-        prefix = master.stdout.readline().strip()
-        time.sleep(0.5)
-        children = psutil.Process(master.pid).children(recursive=True)
-        for _ in range(3):  # in the run, in its abort, in close()
-            master.send_signal(signal.SIGINT)
-            time.sleep(0.3)
-        master.communicate(timeout=30)
-        _, alive = psutil.wait_procs(children, timeout=10)
-        assert not alive
-        assert not shm.segments(prefix)
-    finally:
-        if master.poll() is None:
-            master.kill()
-            master.wait(10)
