@@ -127,9 +127,7 @@ def _render_net(net, depth, lines):
 
 def _arg(value):
     if isinstance(value, np.ndarray):
-        text = np.array2string(value, threshold=8, separator=", ")
-        return text if value.dtype.kind in "fb" or value.ndim == 0 and \
-            value.dtype.kind != "i" else text
+        return np.array2string(value, threshold=8, separator=", ")
     if callable(value):
         return f"{getattr(value, '__module__', '?')}." \
                f"{getattr(value, '__qualname__', repr(value))}"
