@@ -16,13 +16,13 @@ import numpy as np
 import psutil
 import pytest
 
-from localcluster import (LocalHostScheduler, LocalSession, Net, Node,
+from localcluster import (LocalHostScheduler, Net, Node,
                           NodeFailedError, PlanError, RunTimeoutError, Task,
                           TaskFailedError, TaskGroup, WorkspaceType,
                           final_output, ops)
 from localcluster.runtime import shm
 
-from conftest import child_processes, shm_segments
+from conftest import child_processes
 
 # -- module-level op functions (they are pickled to the node processes) -----
 

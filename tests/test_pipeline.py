@@ -7,7 +7,7 @@ import pytest
 
 from localcluster import (Dataset, LocalHostScheduler, Node, Output,
                           PlanError, Queue, ReaderWithLimit, Task, TaskGroup,
-                          WorkspaceType, final_output, ops, pipe,
+                          WorkspaceType, ops, pipe,
                           pipe_and_output)
 from localcluster.dataio import CompositeReader, CounterReader
 
@@ -319,10 +319,6 @@ def test_killing_the_producer_node_mid_stream_fails_the_run_cleanly():
 def test_writers_of_one_cross_node_queue_on_two_nodes_are_refused():
     session = LocalHostScheduler()
     try:
-        with TaskGroup(WorkspaceType.GLOBAL) as init:
-            for node in ("a", "b"):
-                with Node(node), Task():
-                    Dataset({"x": np.arange(3)}, name=f"src_{node}")
         with TaskGroup() as tg:
             q = Queue(4)
             with Node("a"), Task():

@@ -107,7 +107,7 @@ class Session:
                 return found
         group = TaskGroup(workspace_type=wtype)
         if isinstance(runnable, Task):
-            task = _solo_copy(runnable, group, wtype)
+            _solo_copy(runnable, group, wtype)
         else:
             if not isinstance(runnable, (Net, ExecutionStep, list, tuple)):
                 raise PlanError(

@@ -45,8 +45,8 @@ from multiprocessing import connection
 
 import numpy as np
 
-from ..errors import (BlobNotFoundError, LocalClusterError, NodeFailedError,
-                      PlanError, RunTimeoutError)
+from ..errors import (BlobNotFoundError, NodeFailedError, PlanError,
+                      RunTimeoutError)
 from ..kernels import registry
 from ..runtime import shm
 from ..runtime.executor import Cancelled
