@@ -112,7 +112,8 @@ class ShmChannel:
         self._full = _fifo(os.path.join(shm.SHM_DIR, self.prefix + "full"))
         self._lock = threading.Lock()
         self._slots = {}      # slot -> (generation, mmap)
-        self._metas = {}      # record layouts, pickled and not
+        self._views = {}      # slot -> (generation, layout, views): writing
+        self._rviews = {}     # slot -> (generation, layout bytes, views)
         self._aborted = False
 
     def begin(self):
@@ -182,36 +183,47 @@ class ShmChannel:
             return False
         arrays = [np.asarray(a, order="C") for a in record]
         key = tuple((a.dtype.str, a.shape) for a in arrays)
-        meta = self._metas.get(key)
-        if meta is None:
-            meta = self._metas[key] = pickle.dumps(key)
-        offsets, size = [], 8 + len(meta)
-        for a in arrays:
-            size = -(-size // _ALIGN) * _ALIGN
-            offsets.append(size)
-            size += a.nbytes
         with self._lock:
             tail = self._word(_TAIL)
             slot = tail % self.capacity
-            generation = self._generation(slot)
-            cached = self._slots.get(slot)
-            if cached is None or cached[0] != generation or \
-                    len(cached[1]) < size:
-                if generation:
-                    shm.unlink(self._slot_name(slot, generation))
-                generation += 1
-                mm = self._map(slot, generation, max(size, 4096))
-                self._set(_GENERATIONS + slot, generation)
-            else:
-                mm = cached[1]
-            struct.pack_into("q", mm, 0, len(meta))
-            mm[8:8 + len(meta)] = meta
-            for a, offset in zip(arrays, offsets):
-                np.copyto(np.ndarray(a.shape, a.dtype, buffer=mm,
-                                     offset=offset), a)
+            for view, a in zip(self._layout(slot, key), arrays):
+                np.copyto(view, a)
             self._set(_TAIL, tail + 1)
         self._post(self._full)
         return True
+
+    def _layout(self, slot, key):
+        """Views on ``slot`` for a record of layout ``key`` (producer side),
+        the layout written; the slot's segment is replaced if too small.
+        Kept while records keep their layout: most queues carry one."""
+        generation = self._generation(slot)
+        cached = self._views.get(slot)
+        if cached is not None and cached[0] == generation and \
+                cached[1] == key:
+            return cached[2]
+        meta = pickle.dumps(key)
+        offsets, size = [], 8 + len(meta)
+        for dtype, shape in key:
+            size = -(-size // _ALIGN) * _ALIGN
+            offsets.append(size)
+            size += np.dtype(dtype).itemsize * int(np.prod(shape,
+                                                           dtype=np.int64))
+        mapped = self._slots.get(slot)
+        if mapped is None or mapped[0] != generation or \
+                len(mapped[1]) < size:
+            if generation:
+                shm.unlink(self._slot_name(slot, generation))
+            generation += 1
+            mm = self._map(slot, generation, max(size, 4096))
+            self._set(_GENERATIONS + slot, generation)
+        else:
+            mm = mapped[1]
+        struct.pack_into("q", mm, 0, len(meta))
+        mm[8:8 + len(meta)] = meta
+        views = [np.ndarray(shape, np.dtype(dtype), buffer=mm, offset=offset)
+                 for (dtype, shape), offset in zip(key, offsets)]
+        self._views[slot] = (generation, key, views)
+        return views
 
     def get(self, n, cancelled=None):
         """Up to ``n`` records; ``(records, finished)`` as LocalChannel."""
@@ -238,21 +250,31 @@ class ShmChannel:
             if head >= self._word(_TAIL):
                 return None
             slot = head % self.capacity
-            mm = self._map(slot, self._generation(slot))
-            (meta_len,) = struct.unpack_from("q", mm, 0)
-            raw = bytes(mm[8:8 + meta_len])
-            meta = self._metas.get(raw)
-            if meta is None:
-                meta = self._metas[raw] = pickle.loads(raw)
-            offset, out = 8 + meta_len, []
-            for dtype, shape in meta:
-                offset = -(-offset // _ALIGN) * _ALIGN
-                view = np.ndarray(shape, np.dtype(dtype), buffer=mm,
-                                  offset=offset)
-                out.append(np.array(view, copy=True))
-                offset += view.nbytes
+            out = tuple(np.array(view, copy=True)
+                        for view in self._reader_views(slot))
             self._set(_HEAD, head + 1)
-        return tuple(out)
+        return out
+
+    def _reader_views(self, slot):
+        """Views on ``slot`` for the record in it (consumer side), kept
+        while the producer keeps writing that slot with the same layout."""
+        generation = self._generation(slot)
+        mm = self._map(slot, generation)
+        (meta_len,) = struct.unpack_from("q", mm, 0)
+        raw = mm[8:8 + meta_len]
+        cached = self._rviews.get(slot)
+        if cached is not None and cached[0] == generation and \
+                cached[1] == raw:
+            return cached[2]
+        offset, views = 8 + meta_len, []
+        for dtype, shape in pickle.loads(raw):
+            offset = -(-offset // _ALIGN) * _ALIGN
+            view = np.ndarray(shape, np.dtype(dtype), buffer=mm,
+                              offset=offset)
+            views.append(view)
+            offset += view.nbytes
+        self._rviews[slot] = (generation, raw, views)
+        return views
 
     def close(self):
         self._set(_CLOSED, 1)
@@ -271,4 +293,6 @@ class ShmChannel:
             except OSError:
                 pass
         self._slots.clear()
+        self._views.clear()
+        self._rviews.clear()
         self._words = self._control = None
