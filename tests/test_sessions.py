@@ -163,3 +163,11 @@ def test_zero_copy_fetch_is_read_only(session):
     np.testing.assert_array_equal(view, np.arange(3.0))
     with pytest.raises(ValueError):
         view[0] = 5.0
+
+
+def test_a_finished_net_builder_runs_like_its_step(session):
+    from localcluster import NetBuilder
+    with NetBuilder() as nb:
+        ops.ConstantFill([], ["built"], value=2.0)
+    session.run(nb)
+    assert session.fetch_blob("built") == 2.0

@@ -18,6 +18,7 @@ import threading
 import weakref
 
 from ..errors import PlanError, SessionClosedError
+from ..plan.builder import NetBuilder
 from ..plan.net import Net, plan_epoch
 from ..plan.node_plan import WorkspaceType, as_workspace_type
 from ..plan.step import ExecutionStep, to_execution_step
@@ -100,7 +101,8 @@ class Session:
         if wtype is None and isinstance(runnable, Task):
             wtype = runnable._requested_workspace_type
         wtype = wtype or WorkspaceType.GLOBAL
-        cacheable = isinstance(runnable, (Task, ExecutionStep, Net))
+        cacheable = isinstance(runnable, (Task, ExecutionStep, Net,
+                                          NetBuilder))
         if cacheable:
             found = self._compiled.get(runnable, {}).get(wtype)
             if found is not None:
@@ -109,10 +111,12 @@ class Session:
         if isinstance(runnable, Task):
             _solo_copy(runnable, group, wtype)
         else:
-            if not isinstance(runnable, (Net, ExecutionStep, list, tuple)):
+            if not isinstance(runnable, (Net, ExecutionStep, NetBuilder,
+                                         list, tuple)):
                 raise PlanError(
                     f"cannot run {type(runnable).__name__} {runnable!r}; pass"
-                    " a TaskGroup, Task, ExecutionStep, Net or list of nets")
+                    " a TaskGroup, Task, ExecutionStep, Net, NetBuilder or "
+                    "list of nets")
             Task(step=to_execution_step(runnable, "runnable"), group=group,
                  workspace_type=wtype)
         if cacheable:
