@@ -10,8 +10,8 @@
 ``pipe(input, output=None, num_threads=1, processor=None, ...)`` builds
 one Task on the current node: each copy of its loop reads a batch (the
 reader's stop blob ends the loop), runs the processor's ops and writes
-the processed record to ``output`` -- a Queue it creates when ``output`` is
-None, a given Queue, a Dataset or any Writer.  The reader's and writer's
+the processed record to ``output`` -- a Queue it creates (and returns) when
+``output`` is None, a given Queue, a Dataset or any Writer.  The reader's and writer's
 once-per-task setup runs before the first and after the last instance
 (``task_init``/``task_exit``), so a pipe closes its output queue when it
 ends.  A processor may return a record, ``(record, stop_blob)``, an
@@ -119,7 +119,7 @@ def _writer_for(output, capacity, name):
         queue = Queue(capacity or 1, name=name)
         return queue.writer(), queue
     if isinstance(output, Queue):
-        return output.writer(), output
+        return output.writer(), None
     if isinstance(output, Dataset):
         return output.writer(), None
     if isinstance(output, Writer):
@@ -210,9 +210,9 @@ def pipe(input, output=None, num_threads=1, processor=None, name=None,
          capacity=None, group=None, num_runtime_threads=1):
     """Build a task that pipes records from ``input`` to ``output``.
 
-    Returns the output Queue (the one it made when ``output`` is None, or
-    the one given), None when it writes to a Dataset or Writer or has
-    nothing to write, and a `ProcessingReader` with ``num_threads=0``.
+    Returns the Queue it made when ``output`` is None and there is a record
+    to write; otherwise None (keep your own reference to a Queue you pass);
+    a `ProcessingReader` with ``num_threads=0``.
     """
     result, _ = _pipe_task(input, output, num_threads, processor, name,
                            capacity, group, num_runtime_threads, None)

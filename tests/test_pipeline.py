@@ -67,10 +67,9 @@ def test_dequeuing_several_records_concatenates_them(session, producer,
         session, {"uid": np.arange(n), "value": 0.1 * np.arange(n)},
         ["uid", "value"], node=producer, dst_node=consumer)
     with TaskGroup() as tg:
+        q1 = Queue(11, num_dequeue_records=take)
         with Node(producer):
-            q1 = pipe(src.reader(),
-                      output=Queue(11, num_dequeue_records=take),
-                      processor=double_uid)
+            assert pipe(src.reader(), output=q1, processor=double_uid) is None
         with Node(consumer):
             q2 = pipe(q1, processor=zero_value)
             pipe(q2, dst.writer())
@@ -251,10 +250,9 @@ def test_a_queue_between_two_nodes(session):
             ops.CreateCounter([], ["calls"])
     session.run(init)
     with TaskGroup() as tg:
+        q = Queue(5, num_dequeue_records=4)
         with Node("reader"):
-            q = pipe(src.reader(batch_size=2),
-                     output=Queue(5, num_dequeue_records=4),
-                     processor=double_uid)
+            pipe(src.reader(batch_size=2), output=q, processor=double_uid)
         with Node("trainer"):
             pipe(q, dst.writer(), processor=zero_value)
     for _ in range(2):  # queues start empty and open at every run
