@@ -103,26 +103,27 @@ class BuildScope:
         self._fingerprint = b""
 
     def name(self, kind, base, detail=(), fmt="{}_{}"):
-        used = self.used.setdefault(kind, set())
-        candidate, i = base, 0
-        while candidate in used:
-            i += 1
-            candidate = fmt.format(base, i)
+        candidate = self._free(kind, base, fmt)
         self._fingerprint = hashlib.sha1(
             self._fingerprint + f"{kind}|{candidate}|{_stable(detail)}".encode()
         ).digest()
         final = _REGISTRY.claim(kind, candidate, self._fingerprint, self, fmt)
-        used.add(final)
+        self.used[kind].add(final)
         return final
 
     def unique(self, kind, name, fmt="{}_{}"):
         """``name`` made unique within this scope only."""
+        candidate = self._free(kind, name, fmt)
+        self.used[kind].add(candidate)
+        return candidate
+
+    def _free(self, kind, name, fmt):
+        """``name``, or ``name`` with a numeric suffix, unused in the scope."""
         used = self.used.setdefault(kind, set())
         candidate, i = name, 0
         while candidate in used:
             i += 1
             candidate = fmt.format(name, i)
-        used.add(candidate)
         return candidate
 
 

@@ -82,9 +82,6 @@ class LocalChannel:
             self._aborted = True
             self._cond.notify_all()
 
-    def release(self):
-        pass
-
 
 class ChannelHub:
     """The channels of one run, by queue id (made on first use)."""
@@ -113,11 +110,3 @@ class ChannelHub:
             channels = list(self._channels.values())
         for channel in channels:
             channel.abort()
-
-    def release(self):
-        """Drop what the channels hold outside this process (mappings)."""
-        with self._lock:
-            channels = list(self._channels.values())
-            self._channels.clear()
-        for channel in channels:
-            channel.release()

@@ -13,8 +13,8 @@ that was SIGKILLed).  Measured against arenas, a segment per blob costs one
 ``ftruncate`` + ``mmap`` (~20 us) when a blob is first created or changes
 shape; every other write is an in-place ``np.copyto``.
 
-The master maps segments read-only (`map_readonly`) to fetch blobs without
-copying them through a pipe.
+The master maps segments read-only (``map_segment``) to fetch blobs
+without copying them through a pipe.
 """
 
 import logging
@@ -26,7 +26,7 @@ import numpy as np
 import psutil
 
 __all__ = ["SHM_DIR", "PREFIX", "session_prefix", "ShmStore",
-           "create_segment", "map_readonly", "unlink", "sweep",
+           "create_segment", "map_segment", "unlink", "sweep",
            "sweep_stale", "segments"]
 
 log = logging.getLogger(__name__)
@@ -72,15 +72,6 @@ def map_segment(name, writable=False, inherit=True):
     if not inherit and hasattr(mmap, "MADV_DONTFORK"):
         mm.madvise(mmap.MADV_DONTFORK)
     return mm
-
-
-def map_readonly(name, shape, dtype, offset=0):
-    """A read-only ndarray view of ``shape``/``dtype`` on segment ``name``."""
-    mm = map_segment(name)
-    dtype = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
-    return np.frombuffer(mm, dtype=dtype, count=count,
-                         offset=offset).reshape(shape)
 
 
 def array_on(mm, shape, dtype):
