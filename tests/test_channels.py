@@ -42,7 +42,7 @@ def test_records_arrive_complete_and_in_order(parts, n, size):
     try:
         got = 0
         while True:
-            records, finished = channel.get(3)
+            records, finished, done = channel.get(3)
             if finished:
                 break
             assert records, "an empty read of a queue that is not finished"
@@ -50,6 +50,7 @@ def test_records_arrive_complete_and_in_order(parts, n, size):
                 assert index[0] == got and values.shape == (size,)
                 assert values[0] == got and values[-1] == got
                 got += 1
+            done()
         assert got == n
     finally:
         watchdog.cancel()
@@ -67,10 +68,88 @@ def test_a_reset_channel_is_empty_and_open_again(parts):
         parts.reset()
         channel.begin()
         assert channel.put((np.arange(4),))
-        (record,), finished = channel.get(1)
+        (record,), finished, done = channel.get(1)
         assert not finished and list(record[0]) == [0, 1, 2, 3]
+        done()
     finally:
         channel.release()
+
+
+def test_a_queue_kept_up_with_reuses_the_slot_freed_last(parts):
+    """Records cycle through the slots that are in use, not through all
+    ``capacity`` of them: the memory stays in the CPU's caches."""
+    channel = ShmChannel(parts.desc)
+    try:
+        for i in range(3 * parts.capacity):
+            assert channel.put((np.full(1000, i),))
+            (record,), _, done = channel.get(1)
+            assert record[0][0] == i
+            done()
+        assert len(shm.segments(parts.prefix + "s")) == 1
+    finally:
+        channel.release()
+
+
+def test_a_lent_slot_is_not_reused_before_it_is_handed_back(parts):
+    channel = ShmChannel(parts.desc)
+    try:
+        for i in range(parts.capacity):
+            assert channel.put((np.full(4, i),))
+        records, _, done = channel.get(parts.capacity)
+        # every slot is lent: a writer waits, and the records stay intact
+        cancelled = threading.Event()
+        threading.Timer(0.2, cancelled.set).start()
+        with pytest.raises(Cancelled):
+            channel.put((np.full(4, -1),), cancelled)
+        assert [int(r[0][0]) for r in records] == list(range(parts.capacity))
+        done()
+        assert channel.put((np.full(4, 99),))
+    finally:
+        channel.release()
+
+
+def test_writers_and_readers_on_several_threads_lose_nothing(parts):
+    channel = ShmChannel(parts.desc)
+    got, lock = [], threading.Lock()
+
+    def write(start):
+        for i in range(start, start + 500):
+            assert channel.put((np.array([i]),))
+
+    def read():
+        while True:
+            records, finished, done = channel.get(2)
+            if finished:
+                return
+            with lock:
+                got.extend(int(r[0][0]) for r in records)
+            done()
+
+    writers = [threading.Thread(target=write, args=(k * 500,))
+               for k in range(3)]
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    try:
+        for t in writers + readers:
+            t.start()
+        for t in writers:
+            t.join(20)
+        channel.close()
+        for t in readers:
+            t.join(20)
+        assert not any(t.is_alive() for t in writers + readers)
+        assert sorted(got) == list(range(1500))
+    finally:
+        channel.abort()
+        channel.release()
+
+
+def test_a_cross_node_queue_larger_than_a_fifo_holds_is_refused():
+    from localcluster.errors import PlanError
+    from localcluster.runtime.shm_channel import MAX_CAPACITY
+    prefix = shm.session_prefix() + "qbig_"
+    with pytest.raises(PlanError, match="capacity"):
+        ChannelParts(prefix, MAX_CAPACITY + 1)
+    assert not shm.segments(prefix)
 
 
 def test_an_aborted_wait_raises_cancelled(parts):
@@ -81,3 +160,39 @@ def test_an_aborted_wait_raises_cancelled(parts):
             channel.get(1)
     finally:
         channel.release()
+
+
+# -- a lent record, stored by the executor --------------------------------------
+
+def _lend(ws, value):
+    """Store ``value`` as a lending op's only output into ``ws``."""
+    from localcluster.runtime.executor import _store_lent
+    returned = []
+    _store_lent(["x"], ((value,), lambda: returned.append(True)), False,
+                ws.set)
+    assert returned == [True], "the lent memory was not handed back"
+
+
+def test_a_lent_record_is_copied_into_the_array_it_replaces():
+    from localcluster.runtime.workspace import Workspace
+    ws = Workspace().child()
+    slot = np.arange(4.0)
+    _lend(ws, slot)
+    first = ws.get("x")
+    assert first is not slot and list(first) == [0, 1, 2, 3]
+    del first
+    array_id = id(ws.get("x"))
+    slot[:] = 7
+    _lend(ws, slot)
+    assert id(ws.get("x")) == array_id and list(ws.get("x")) == [7] * 4
+
+
+def test_a_lent_record_leaves_views_and_fetched_values_alone():
+    from localcluster.runtime.workspace import Workspace
+    ws = Workspace().child()
+    _lend(ws, np.zeros(4))
+    kept, view = ws.get("x"), ws.get("x")[1:]
+    ws.set("y", view)
+    _lend(ws, np.ones(4))
+    assert list(kept) == [0] * 4 and list(ws.get("y")) == [0] * 3
+    assert list(ws.get("x")) == [1] * 4

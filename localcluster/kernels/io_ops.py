@@ -28,22 +28,30 @@ def enqueue_record(ctx, *fields, queue=None, capacity=1):
     return np.array(not queued)
 
 
-@register_op("DequeueRecords", context=True, min_outputs=1, max_outputs=None)
+@register_op("DequeueRecords", context=True, min_outputs=1, max_outputs=None,
+             lends=True)
 def dequeue_records(ctx, queue=None, capacity=1, num_records=1,
                     num_fields=0):
     """(finished, *fields): up to ``num_records`` records concatenated
-    along axis 0; ``finished`` is true once the queue is closed and empty."""
-    records, finished = _channel(ctx, queue, capacity).get(num_records,
-                                                           ctx.cancelled)
+    along axis 0; ``finished`` is true once the queue is closed and empty.
+
+    A single record comes back as the channel lent it (views on a shared
+    slot, say): the executor copies it into the workspace before handing
+    the slot back."""
+    records, finished, done = _channel(ctx, queue, capacity).get(
+        num_records, ctx.cancelled)
     if finished:
         empty = tuple(np.zeros(0) for _ in range(num_fields))
-        return (np.array(True),) + empty
+        return (np.array(True),) + empty, None
     if len(records) == 1:
-        fields = records[0]
-    else:
+        return (np.array(False),) + tuple(records[0]), done
+    try:
         fields = tuple(np.concatenate(parts, axis=0)
                        for parts in zip(*records))
-    return (np.array(False),) + tuple(fields)
+    finally:
+        if done is not None:
+            done()
+    return (np.array(False),) + fields, None
 
 
 @register_op("CloseQueue", num_outputs=0, context=True)

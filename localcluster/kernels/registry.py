@@ -37,10 +37,11 @@ class OpSchema:
     """What the plan layer knows about an op type."""
 
     __slots__ = ("name", "kernel", "num_outputs", "min_outputs",
-                 "max_outputs", "context", "arg_names", "fast", "atomic")
+                 "max_outputs", "context", "arg_names", "fast", "atomic",
+                 "lends")
 
     def __init__(self, name, kernel, num_outputs, min_outputs, max_outputs,
-                 context, fast=None, atomic=False):
+                 context, fast=None, atomic=False, lends=False):
         self.name = name
         self.kernel = kernel
         self.num_outputs = num_outputs
@@ -50,6 +51,7 @@ class OpSchema:
         self.arg_names = _keyword_names(kernel)
         self.fast = fast  # same result as kernel for an op with no arguments
         self.atomic = atomic  # read, compute and write under the node lock
+        self.lends = lends  # returns (outputs, done): outputs only lent
 
     def check_args(self, args):
         if self.arg_names is None:
@@ -109,7 +111,7 @@ def _keyword_names(kernel):
 
 
 def register_op(name, *, num_outputs=1, min_outputs=None, max_outputs=None,
-                context=False, fast=None, atomic=False):
+                context=False, fast=None, atomic=False, lends=False):
     """Register ``kernel`` as op type ``name``; use as a decorator.
 
     ``num_outputs`` is how many fresh outputs an op gets when the caller
@@ -119,7 +121,10 @@ def register_op(name, *, num_outputs=1, min_outputs=None, max_outputs=None,
     instead of the kernel for ops without arguments (a numpy ufunc, say),
     saving a Python frame per op in tight loops.  ``atomic=True`` runs the
     whole op -- reading its inputs, the kernel, writing its outputs -- under
-    the node's lock.
+    the node's lock.  ``lends=True``: the kernel returns ``(outputs,
+    done)`` where the outputs may be views on memory it only lends (a
+    queue's slot, say); the executor copies them into the workspace, then
+    calls ``done()`` (unless it is None) -- also when storing fails.
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise PlanError(
@@ -140,7 +145,7 @@ def register_op(name, *, num_outputs=1, min_outputs=None, max_outputs=None,
                     f"{_qualname(old.kernel)}; the registry is append-only, "
                     "so register your kernel under another name")
             _REGISTRY[name] = OpSchema(name, kernel, num_outputs, lo, hi,
-                                       context, fast, atomic)
+                                       context, fast, atomic, lends)
         return kernel
 
     return decorate

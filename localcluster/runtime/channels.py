@@ -58,8 +58,10 @@ class LocalChannel:
     def get(self, n, cancelled=None):
         """Up to ``n`` records: ``n`` of them, or what is left once closed.
 
-        Returns ``(records, finished)``; ``finished`` is true when the queue
-        is closed and nothing was left to take.
+        Returns ``(records, finished, done)``; ``finished`` is true when
+        the queue is closed and nothing was left to take; ``done`` is None
+        here (the records are the caller's), a callable for channels that
+        only lend their records (`ShmChannel`).
         """
         n = max(1, int(n))
         with self._cond:
@@ -70,7 +72,7 @@ class LocalChannel:
             take = min(n, len(self._items))
             records = [self._items.popleft() for _ in range(take)]
             self._cond.notify_all()
-            return records, not records
+            return records, not records, None
 
     def close(self):
         with self._cond:

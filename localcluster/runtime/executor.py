@@ -26,6 +26,7 @@ Semantics (see `localcluster.plan.step`):
 
 import functools
 import logging
+import sys
 import threading
 import traceback
 
@@ -104,8 +105,10 @@ class RunContext:
         lenient = op.type == "Python"
         single = op.outputs[0] if len(op.outputs) == 1 and not lenient \
             else None
-        # An atomic op reads, computes and writes under the node's lock.
-        lock = self.op_context.lock if schema.atomic else None
+        # An atomic op reads, computes and writes under the node's lock; a
+        # lending op's outputs are copied before its memory is handed back.
+        lock = _LENDS if schema.lends else \
+            self.op_context.lock if schema.atomic else None
         return (kernel, op.inputs, single, op.outputs, lenient, lock)
 
 
@@ -140,6 +143,9 @@ def _run_net(net, code, get, put, ws, rc, task, step):
     for index, (kernel, inputs, single, outputs, lenient, lock) in \
             enumerate(code):
         try:
+            if lock is _LENDS:
+                _store_lent(outputs, kernel(*map(get, inputs)), lenient, put)
+                continue
             if lock is not None:
                 with lock:
                     _store(outputs, kernel(*map(get, inputs)), lenient, put)
@@ -187,6 +193,43 @@ def _store(outputs, result, lenient, put):
         raise ValueError(f"returned {_describe(result)} for {n_out} outputs")
     for name, value in zip(outputs, result):
         put(name, np.asarray(value))
+
+
+#: the "lock" of a lending op's compiled code (see `_store_lent`)
+_LENDS = object()
+
+
+def _store_lent(outputs, lent, lenient, put):
+    """Store what a lending op returned -- ``(outputs, done)`` -- copying
+    the outputs (the shared-memory store of a node's global workspace
+    copies anyway), then hand the memory back."""
+    result, done = lent
+    try:
+        owner = getattr(put, "__self__", None)
+        if done is None or getattr(owner, "copies", False):
+            _store(outputs, result, lenient, put)
+        else:
+            for name, value in zip(outputs, result):
+                _put_copy(owner, name, value)
+    finally:
+        if done is not None:
+            done()
+
+
+def _put_copy(ws, name, value):
+    """``ws.set(name, copy of value)``, reusing the array ``ws`` holds for
+    ``name`` when it has the same layout and nothing else refers to it --
+    no view, no other blob, no fetched result: the copy then needs no
+    fresh memory (a big record read in a loop would fault in new pages
+    every time).  Its references then are the workspace's, ``current``
+    and getrefcount's argument."""
+    current = ws.get_or_none(name)
+    if type(current) is np.ndarray and current.flags.owndata and \
+            current.flags.writeable and current.shape == value.shape and \
+            current.dtype == value.dtype and sys.getrefcount(current) == 3:
+        np.copyto(current, value)
+    else:
+        ws.set(name, np.array(value))
 
 
 def _describe(result):

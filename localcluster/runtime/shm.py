@@ -139,6 +139,10 @@ class ShmStore(dict):
     zero-copy).
     """
 
+    #: `put` never keeps the array it is given: it copies it into a segment
+    #: (an object array, which it keeps, is never lent by a queue)
+    copies = True
+
     def __init__(self, prefix):
         super().__init__()
         self.prefix = prefix

@@ -3,52 +3,84 @@
 ::
 
     producer node                 control segment              consumer node
-    put(record):                  [closed, tail, head,         get(n):
-      wait a "free" token  <----   capacity, slot gens...]  ---> wait "full" tokens
-      copy the record into slot                                 copy records out
-      tail += 1; post "full"  ------ FIFO "full" ------------>  head += 1;
-                              <----- FIFO "free" -------------  post "free"
+    put(record):                  [closed, tail, head, capacity,  get(n):
+      take a free slot id  <----   slot generations, order ring] ---> wait "full" tokens
+      copy the record into it                                    slot = ring[head]
+      ring[tail] = slot; tail += 1; post "full" ---------------> views on the slot
+                              <----- FIFO "free" (slot ids) ---  post the slot id
+                                                                 once they are copied
 
 The master creates a control segment and two named FIFOs per queue
-(`ChannelParts`), resets them before every run (``free`` filled with
-``capacity`` tokens) and hands their names to both nodes, which keep their
-end (`ShmChannel`) across runs.  A record goes into a slot segment (made by
-the producer, kept while records fit, replaced -- new generation -- when
-one does not); the consumer maps it by name and copies the arrays out.
+(`ChannelParts`), resets them before every run (``free`` filled with every
+slot id) and hands their names to both nodes, which keep their end
+(`ShmChannel`) across runs.  A record goes into a slot segment (made by the
+producer, kept while records fit, replaced -- new generation -- when one
+does not); the consumer maps it by name.
+
+Slots are not tied to ring positions: the producer reuses the slot freed
+last, so a queue its consumer keeps up with cycles through a few slots that
+stay in the CPU's caches instead of through all ``capacity`` of them.
+Tokens are read in bulk (one ``read`` takes every token waiting), so a busy
+queue costs about one system call per record on each side.
+
+`get` lends the consumer views on the slots (no copy); the caller copies
+them where they go and then calls the ``done`` callback it got, which hands
+the slots back to the producer.
 
 All of a queue's writers are on one node and all its readers on another
-(the scheduler checks), so each side's index is only touched by its own
+(the scheduler checks), so each side's words are only written by its own
 process, under a thread lock.  Every wait is a ``select`` on a FIFO in
-slices, checking the closed flag, the run's cancellation and the
-channel's abort, so a closed queue, a cancelled run or a dead peer (the
-master cancels the run) never leaves a node blocked.
+slices, checking the closed flag, the run's cancellation and the channel's
+abort, so a closed queue, a cancelled run or a dead peer (the master
+cancels the run) never leaves a node blocked.
 """
 
+import array
+import fcntl
 import os
 import pickle
 import select
 import struct
+import termios
 import threading
 
 import numpy as np
 
 from . import shm
 from .executor import Cancelled
+from ..errors import PlanError
 
-__all__ = ["ChannelParts", "ShmChannel"]
+__all__ = ["ChannelParts", "ShmChannel", "MAX_CAPACITY"]
 
 # The control segment is int64 words: closed, tail, head, capacity, then
-# one generation per slot.  Words are read and written through an int64
-# array -- one aligned 8-byte access each -- never with struct.pack_into,
-# which zeroes the field before writing it (a reader could see 0).
+# one generation per slot, then the order ring (slot id per position).
+# Words are read and written one aligned 8-byte access each (a memoryview
+# of format "q"), never with struct.pack_into, which zeroes the field
+# before writing it (a reader could see 0).
 _CLOSED, _TAIL, _HEAD, _CAPACITY, _GENERATIONS = 0, 1, 2, 3, 4
 WAIT_SLICE = 0.05
 _ALIGN = 64
+#: free tokens are slot ids, 2 bytes each; the FIFO holds 64 KiB
+MAX_CAPACITY = 16384
+_WAKE = 0xFFFF                # a free token that is no slot: close()'s
+_WAKE_TOKEN = struct.pack("<H", _WAKE)
 
 
 def _fifo(path):
-    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
-    return fd
+    return os.open(path, os.O_RDWR | os.O_NONBLOCK)
+
+
+def _read_all(fd, count):
+    """Every byte waiting in FIFO ``fd`` (b"" if none) -- asked first
+    (into ``count``, an int array), as a read of an empty FIFO costs a
+    raised BlockingIOError."""
+    fcntl.ioctl(fd, termios.FIONREAD, count, True)
+    return os.read(fd, count[0]) if count[0] else b""
+
+
+def _words(buffer, capacity):
+    return memoryview(buffer).cast("B")[:8 * (_GENERATIONS + 2 * capacity)] \
+        .cast("q")
 
 
 class ChannelParts:
@@ -62,16 +94,22 @@ class ChannelParts:
     """
 
     def __init__(self, prefix, capacity):
+        if capacity > MAX_CAPACITY:
+            raise PlanError(
+                f"a queue between two nodes holds at most {MAX_CAPACITY} "
+                f"records, this one asks for capacity={capacity}; lower it "
+                "(larger records, fewer of them) or keep both ends on one "
+                "node")
         self.prefix = prefix
         self.capacity = capacity
         self.desc = {"prefix": prefix, "control": prefix + "ctl",
                      "capacity": capacity}
         self._fds = []
+        self._words = None
         try:
             self._control = shm.create_segment(
-                prefix + "ctl", 8 * (_GENERATIONS + capacity))
-            self._words = np.ndarray(_GENERATIONS + capacity, np.int64,
-                                     buffer=self._control)
+                prefix + "ctl", 8 * (_GENERATIONS + 2 * capacity))
+            self._words = _words(self._control, capacity)
             for kind in ("free", "full"):
                 path = os.path.join(shm.SHM_DIR, prefix + kind)
                 os.mkfifo(path, 0o600)
@@ -82,20 +120,25 @@ class ChannelParts:
         self.reset()
 
     def reset(self):
-        """Empty and open, with ``capacity`` free slots (nodes idle)."""
-        self._words[:_GENERATIONS] = (0, 0, 0, self.capacity)
+        """Empty and open, every slot free (nodes idle)."""
+        for index, value in enumerate((0, 0, 0, self.capacity)):
+            self._words[index] = value
         for fd in self._fds:
             try:
                 while os.read(fd, 65536):
                     pass
             except BlockingIOError:
                 pass
-        os.write(self._fds[0], b"x" * self.capacity)
+        os.write(self._fds[0], np.arange(self.capacity, dtype="<u2")
+                 .tobytes())
 
     def close(self):
         for fd in self._fds:
             os.close(fd)
         self._fds = []
+        if self._words is not None:
+            self._words.release()
+            self._words = None
         shm.sweep(self.prefix)
 
 
@@ -106,97 +149,85 @@ class ShmChannel:
         self.prefix = desc["prefix"]
         self.capacity = desc["capacity"]
         self._control = shm.map_segment(desc["control"], writable=True)
-        self._words = np.ndarray(_GENERATIONS + self.capacity, np.int64,
-                                 buffer=self._control)
+        self._words = _words(self._control, self.capacity)
+        self._ring = _GENERATIONS + self.capacity
         self._free = _fifo(os.path.join(shm.SHM_DIR, self.prefix + "free"))
         self._full = _fifo(os.path.join(shm.SHM_DIR, self.prefix + "full"))
         self._lock = threading.Lock()
+        self._count = array.array("i", [0])   # FIONREAD's, under the lock
         self._slots = {}      # slot -> (generation, mmap)
         self._views = {}      # slot -> (generation, layout, views): writing
         self._rviews = {}     # slot -> (generation, layout bytes, views)
-        self._aborted = False
+        self.begin()
 
     def begin(self):
-        """A new run: this end is usable again after an aborted one."""
+        """A new run (the master reset the shared parts): this end is
+        usable again, after an aborted run too."""
         self._aborted = False
+        self._pool = []       # producer: free slot ids taken from the FIFO
+        self._tokens = 0      # consumer: "full" tokens taken from the FIFO
 
-    # -- shared words -------------------------------------------------------
+    # -- waiting ------------------------------------------------------------
 
-    def _word(self, index):
-        return int(self._words[index])
+    def _wait(self, fd, cancelled):
+        if self._aborted or (cancelled is not None and cancelled.is_set()):
+            raise Cancelled("queue wait ended: the run was cancelled")
+        select.select([fd], [], [], WAIT_SLICE)
 
-    def _set(self, index, value):
-        self._words[index] = value
-
-    def _generation(self, slot):
-        return int(self._words[_GENERATIONS + slot])
-
-    def _closed(self):
-        return self._words[_CLOSED] != 0
-
-    # -- tokens -------------------------------------------------------------
-
-    def _take(self, fd, cancelled):
-        """Take one token from ``fd``; False if the queue closed first --
-        for a reader, only once every queued record has been taken (by
-        this thread or another of this node)."""
-        while True:
-            if self._aborted or (cancelled is not None and cancelled.is_set()):
-                raise Cancelled("queue wait ended: the run was cancelled")
-            try:
-                if os.read(fd, 1):
-                    return True
-            except BlockingIOError:
-                pass
-            if self._closed() and (fd == self._free or self._drained()):
-                return False
-            select.select([fd], [], [], WAIT_SLICE)
-
-    def _post(self, fd, n=1):
+    def _post(self, fd, data):
         try:
-            os.write(fd, b"x" * n)
+            os.write(fd, data)
         except BlockingIOError:
             pass  # the FIFO is full of tokens: every waiter can go on
 
-    # -- slots --------------------------------------------------------------
+    # -- producer -----------------------------------------------------------
 
-    def _slot_name(self, slot, generation):
-        return f"{self.prefix}s{slot}_g{generation}"
-
-    def _map(self, slot, generation, size=None):
-        cached = self._slots.get(slot)
-        if cached is not None and cached[0] == generation and \
-                (size is None or len(cached[1]) >= size):
-            return cached[1]
-        name = self._slot_name(slot, generation)
-        mm = (shm.create_segment(name, size) if size is not None
-              else shm.map_segment(name))
-        self._slots[slot] = (generation, mm)
-        return mm
+    def _take_slot(self, cancelled):
+        """A free slot id, the one freed last; None once the queue closed."""
+        words, lock = self._words, self._lock
+        while True:
+            if words[_CLOSED]:
+                return None
+            with lock:
+                # the slots freed since the last put, the newest last
+                data = _read_all(self._free, self._count)
+                if data:
+                    self._pool.extend(
+                        slot for slot in np.frombuffer(data, "<u2").tolist()
+                        if slot != _WAKE)
+                if self._pool:
+                    return self._pool.pop()
+            self._wait(self._free, cancelled)
 
     def put(self, record, cancelled=None):
         """Enqueue ``record``; False (nothing queued) if the queue is closed."""
-        if self._closed() or not self._take(self._free, cancelled):
+        slot = self._take_slot(cancelled)
+        if slot is None:
             return False
-        if self._closed():
-            self._post(self._free)  # a wake-up token: pass it on
-            return False
-        arrays = [np.asarray(a, order="C") for a in record]
-        key = tuple((a.dtype.str, a.shape) for a in arrays)
-        with self._lock:
-            tail = self._word(_TAIL)
-            slot = tail % self.capacity
-            for view, a in zip(self._layout(slot, key), arrays):
+        words = self._words
+        try:
+            for view, a in zip(self._layout(slot, record), record):
                 np.copyto(view, a)
-            self._set(_TAIL, tail + 1)
-        self._post(self._full)
+        except BaseException:
+            with self._lock:
+                self._pool.append(slot)
+            raise
+        with self._lock:
+            if words[_CLOSED]:
+                self._pool.append(slot)
+                return False
+            tail = words[_TAIL]
+            words[self._ring + tail % self.capacity] = slot
+            words[_TAIL] = tail + 1
+        self._post(self._full, b"x")
         return True
 
-    def _layout(self, slot, key):
-        """Views on ``slot`` for a record of layout ``key`` (producer side),
+    def _layout(self, slot, record):
+        """Views on ``slot`` for a record like ``record`` (producer side),
         the layout written; the slot's segment is replaced if too small.
         Kept while records keep their layout: most queues carry one."""
-        generation = self._generation(slot)
+        key = tuple((a.dtype.str, a.shape) for a in record)
+        generation = self._words[_GENERATIONS + slot]
         cached = self._views.get(slot)
         if cached is not None and cached[0] == generation and \
                 cached[1] == key:
@@ -215,7 +246,7 @@ class ShmChannel:
                 shm.unlink(self._slot_name(slot, generation))
             generation += 1
             mm = self._map(slot, generation, max(size, 4096))
-            self._set(_GENERATIONS + slot, generation)
+            self._words[_GENERATIONS + slot] = generation
         else:
             mm = mapped[1]
         struct.pack_into("q", mm, 0, len(meta))
@@ -225,40 +256,63 @@ class ShmChannel:
         self._views[slot] = (generation, key, views)
         return views
 
+    # -- consumer -----------------------------------------------------------
+
     def get(self, n, cancelled=None):
-        """Up to ``n`` records; ``(records, finished)`` as LocalChannel."""
-        records = []
-        for _ in range(max(1, int(n))):
-            if not self._take(self._full, cancelled):
-                break
-            record = self._read_one()
-            if record is None:  # a wake-up token of close(): pass it on
-                self._post(self._full)
-                break
-            records.append(record)
-            self._post(self._free)
+        """Up to ``n`` records: ``(records, finished, done)``.
+
+        The records are views on the queue's slots, lent until ``done()``
+        is called (copy them first); ``finished`` is true when the queue is
+        closed and nothing was left to take."""
+        slots = []
+        try:
+            for _ in range(max(1, int(n))):
+                slot = self._take_record(cancelled)
+                if slot is None:
+                    break
+                slots.append(slot)
+            records = [self._reader_views(slot) for slot in slots]
+        except BaseException:
+            self._release(slots)
+            raise
         if records:
-            return records, False
-        return [], self._drained()
+            return records, False, lambda: self._release(slots)
+        return [], self._drained(), None
+
+    def _release(self, slots):
+        if slots:
+            self._post(self._free,
+                       np.asarray(slots, dtype="<u2").tobytes())
+
+    def _take_record(self, cancelled):
+        """The slot of the next record; None once the queue is closed and
+        every record has been taken (by this thread or another)."""
+        words, lock = self._words, self._lock
+        while True:
+            with lock:
+                if not self._tokens:
+                    self._tokens = len(_read_all(self._full, self._count))
+                if self._tokens:
+                    self._tokens -= 1
+                    head = words[_HEAD]
+                    if head < words[_TAIL]:
+                        words[_HEAD] = head + 1
+                        return words[self._ring + head % self.capacity]
+                    # a wake-up token of close(): pass it on
+                    self._post(self._full, b"x")
+                    return None
+                if self._drained():
+                    return None
+            self._wait(self._full, cancelled)
 
     def _drained(self):
-        return self._closed() and self._word(_HEAD) >= self._word(_TAIL)
-
-    def _read_one(self):
-        with self._lock:
-            head = self._word(_HEAD)
-            if head >= self._word(_TAIL):
-                return None
-            slot = head % self.capacity
-            out = tuple(np.array(view, copy=True)
-                        for view in self._reader_views(slot))
-            self._set(_HEAD, head + 1)
-        return out
+        words = self._words
+        return words[_CLOSED] and words[_HEAD] >= words[_TAIL]
 
     def _reader_views(self, slot):
         """Views on ``slot`` for the record in it (consumer side), kept
         while the producer keeps writing that slot with the same layout."""
-        generation = self._generation(slot)
+        generation = self._words[_GENERATIONS + slot]
         mm = self._map(slot, generation)
         (meta_len,) = struct.unpack_from("q", mm, 0)
         raw = mm[8:8 + meta_len]
@@ -273,14 +327,31 @@ class ShmChannel:
                               offset=offset)
             views.append(view)
             offset += view.nbytes
+        views = tuple(views)
         self._rviews[slot] = (generation, raw, views)
         return views
 
+    # -- both ---------------------------------------------------------------
+
+    def _slot_name(self, slot, generation):
+        return f"{self.prefix}s{slot}_g{generation}"
+
+    def _map(self, slot, generation, size=None):
+        cached = self._slots.get(slot)
+        if cached is not None and cached[0] == generation and \
+                (size is None or len(cached[1]) >= size):
+            return cached[1]
+        name = self._slot_name(slot, generation)
+        mm = (shm.create_segment(name, size) if size is not None
+              else shm.map_segment(name))
+        self._slots[slot] = (generation, mm)
+        return mm
+
     def close(self):
-        self._set(_CLOSED, 1)
+        self._words[_CLOSED] = 1
         # wake whoever waits on either side; they see the flag
-        self._post(self._free, 64)
-        self._post(self._full, 64)
+        self._post(self._free, _WAKE_TOKEN * 64)
+        self._post(self._full, b"x" * 64)
 
     def abort(self):
         self._aborted = True
@@ -295,4 +366,5 @@ class ShmChannel:
         self._slots.clear()
         self._views.clear()
         self._rviews.clear()
+        self._words.release()
         self._words = self._control = None
