@@ -7,12 +7,16 @@ in shared memory) -- see README.md and the public API below.
 """
 
 from . import errors, printer
-from .errors import (BlobNotFoundError, CheckpointError, LocalClusterError,
+from .errors import (BlobNotFoundError, CheckpointError, CheckpointWarning,
+                     LocalClusterError,
                      NodeFailedError, PlanError, RunTimeoutError,
                      SessionClosedError, TaskFailedError)
+from .checkpoint import (CheckpointManager, MultiNodeCheckpointManager,
+                         UploadTaskGroupBuilder)
 from .dataio import (CompositeReader, CounterReader, Dataset, Reader,
                      ReaderWithDelay, ReaderWithLimit, ReaderWithTimeLimit,
                      Record, Writer)
+from .job import EpochReport, Job, JobRunner, TrainResult, epoch_limiter
 from .kernels import register_op
 from .pipeline import Output, pipe, pipe_and_output
 from .queues import Queue
@@ -35,11 +39,15 @@ __all__ = [
     "Record", "Reader", "Writer", "Dataset", "ReaderWithLimit",
     "ReaderWithTimeLimit", "ReaderWithDelay", "CompositeReader",
     "CounterReader", "Queue", "pipe", "pipe_and_output", "Output",
+    # jobs and checkpoints
+    "Job", "JobRunner", "epoch_limiter", "EpochReport", "TrainResult",
+    "CheckpointManager", "MultiNodeCheckpointManager",
+    "UploadTaskGroupBuilder",
     # sessions
     "Session", "LocalSession", "LocalHostScheduler",
     # errors
     "LocalClusterError", "PlanError", "TaskFailedError", "NodeFailedError",
-    "CheckpointError", "SessionClosedError", "RunTimeoutError",
+    "CheckpointError", "CheckpointWarning", "SessionClosedError", "RunTimeoutError",
     "BlobNotFoundError",
     # modules
     "errors", "printer",

@@ -11,9 +11,12 @@ EXPECTED = {
     "Record", "Reader", "Writer", "Dataset", "ReaderWithLimit",
     "ReaderWithTimeLimit", "ReaderWithDelay", "CompositeReader",
     "CounterReader", "Queue", "pipe", "pipe_and_output", "Output",
+    "Job", "JobRunner", "epoch_limiter", "EpochReport", "TrainResult",
+    "CheckpointManager", "MultiNodeCheckpointManager",
+    "UploadTaskGroupBuilder",
     "Session", "LocalSession", "LocalHostScheduler",
     "LocalClusterError", "PlanError", "TaskFailedError", "NodeFailedError",
-    "CheckpointError", "SessionClosedError", "RunTimeoutError",
+    "CheckpointError", "CheckpointWarning", "SessionClosedError", "RunTimeoutError",
     "BlobNotFoundError",
     "errors", "printer",
 }

@@ -222,7 +222,7 @@ class _NodeServer:
         self.wakeups = queue.SimpleQueue()
         self.outbox = _Outbox(spec.prefix + "out")
         self.rc = RunContext(spec.name, workspace.lock, self.cancelled,
-                             {"queues": ChannelHub()})
+                             {"queues": ChannelHub(), "workspace": workspace})
         self.plans = collections.OrderedDict()   # plan id -> plan
         self.shm_channels = {}   # channel prefix -> ShmChannel (kept)
         self.send_lock = threading.Lock()

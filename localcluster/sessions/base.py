@@ -15,6 +15,7 @@ both refuse further runs with `SessionClosedError` saying which.
 import enum
 import logging
 import threading
+import time
 import weakref
 
 from ..errors import PlanError, SessionClosedError
@@ -44,6 +45,10 @@ class Session:
         self._run_lock = threading.RLock()
         self._compiled = weakref.WeakKeyDictionary()
         self._plans = weakref.WeakKeyDictionary()  # group -> (epoch, plans)
+        #: ``{node: seconds}`` of the last run: when each node finished,
+        #: counted from the start of the run
+        self.last_run_seconds = {}
+        self._run_started = time.monotonic()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -141,10 +146,16 @@ class Session:
         with self._run_lock:
             self._check_open()
             log.debug("running %d node plan(s)", len(plans))
+            self.last_run_seconds = {}
+            self._run_started = time.monotonic()
             results = self._run_plans(plans, timeout)
         for node, output in outputs:
             values = results[node]
             output.set([values[n] for n in output.names])
+
+    def _node_done(self, node):
+        """Sessions call this as each node of a run finishes."""
+        self.last_run_seconds[node] = time.monotonic() - self._run_started
 
     def _node_plans(self, group):
         """``group.node_plans()`` and the group's ``(node, TaskOutput)``

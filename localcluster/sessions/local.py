@@ -67,8 +67,9 @@ class LocalSession(Session):
     def _context(self, node):
         rc = self._contexts.get(node)
         if rc is None:
+            ws = self._workspace(node)
             rc = self._contexts[node] = RunContext(
-                node, self._workspace(node).lock)
+                node, ws.lock, resources={"workspace": ws})
         return rc
 
     def _worker(self, node):
@@ -88,8 +89,10 @@ class LocalSession(Session):
         if len(plans) == 1 and timeout is None:
             plan = plans[0]
             try:
-                return {plan.node: run_node_plan(
+                result = {plan.node: run_node_plan(
                     plan, self._workspace(plan.node), contexts[plan.node])}
+                self._node_done(plan.node)
+                return result
             except BaseException:
                 contexts[plan.node].cancelled.set()
                 hub.abort()
@@ -116,6 +119,7 @@ class LocalSession(Session):
                 pending -= 1
                 if exc is None:
                     results[node] = result
+                    self._node_done(node)
                 else:
                     errors.append(exc)
                     break

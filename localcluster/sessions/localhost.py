@@ -223,6 +223,8 @@ class LocalHostScheduler(Session):
                                 "after it restarts", name, handle.kwargs,
                                 kwargs)
                 continue
+            if handle is not None and not kwargs:
+                kwargs = handle.kwargs  # a restart keeps the node's options
             _check_cpus(name, kwargs)
             starting.append(self._spawn(name, kwargs))
         if starting:
@@ -481,6 +483,7 @@ class LocalHostScheduler(Session):
         handle.state = NodeState.IDLE
         handle.log.wait_for(msg[-1], OUTPUT_WAIT)
         if kind == P.OK:
+            self._node_done(handle.name)
             # Copied now: the node may die before the run ends, and its
             # outbox goes with it.
             state.succeeded(handle.name, self._copy_outputs(

@@ -1,0 +1,312 @@
+"""Jobs: init / epoch / download / exit groups, and the runner that trains
+them epoch by epoch with a checkpoint of every node after every epoch.
+
+::
+
+    with Job() as job:                     # enters job.epoch_group
+        with Node("trainer_0"):
+            ...the work of one epoch...
+    with job.init_group, Node("trainer_0"):
+        ...what the epochs start from...
+    epoch_limiter(job, 10)
+
+    runner = JobRunner(job, MultiNodeCheckpointManager("/ckpt"))
+    last_epoch = runner.train(session)
+
+`JobRunner.train` runs the init group (unless resuming), checkpoints epoch
+0 (or loads the resume epoch), then per epoch: the epoch group, the stop
+conditions, a checkpoint; then the upload builder's group, the download
+group and the exit group.  What a checkpoint holds is each node's global
+workspace right after the init group, so a run resumed from epoch k --
+with a fresh session and a rebuilt job -- ends exactly where an
+uninterrupted one does.
+"""
+
+import logging
+import time
+import warnings
+
+import numpy as np
+
+from .context import Managed
+from .errors import (CheckpointError, CheckpointWarning, NodeFailedError,
+                     PlanError, TaskFailedError)
+from .plan.net import BlobRef, Net
+from .task import Task, TaskGroup, TaskOutput, WorkspaceType
+
+__all__ = ["Job", "JobRunner", "epoch_limiter", "EpochReport", "TrainResult"]
+
+log = logging.getLogger(__name__)
+
+
+class Job(Managed):
+    """``Job(init_group=None, epoch_group=None, download_group=None,
+    exit_group=None, stop_conditions=None, nodes_to_checkpoint=None)``.
+
+    The init, download and exit groups run in the nodes' global workspaces;
+    the epoch group is PRIVATE unless given otherwise (its tasks read and
+    write the global blobs the init group made, and keep what they create
+    to the epoch).  ``with Job() as job:`` makes the job current
+    (`Job.current()`) and enters its epoch group.
+    """
+
+    def __init__(self, init_group=None, epoch_group=None, download_group=None,
+                 exit_group=None, stop_conditions=None,
+                 nodes_to_checkpoint=None):
+        glob = WorkspaceType.GLOBAL
+        self.init_group = init_group or TaskGroup(workspace_type=glob)
+        self.epoch_group = epoch_group or TaskGroup()
+        self.download_group = download_group or TaskGroup(workspace_type=glob)
+        self.exit_group = exit_group or TaskGroup(workspace_type=glob)
+        self.stop_conditions = []
+        for condition in stop_conditions or ():
+            self.add_stop_condition(condition)
+        self._nodes_to_checkpoint = (None if nodes_to_checkpoint is None
+                                     else [str(n) for n in
+                                           nodes_to_checkpoint])
+
+    def __repr__(self):
+        return (f"Job(init={self.init_group.num_registered_tasks()} tasks, "
+                f"epoch={self.epoch_group.num_registered_tasks()} tasks, "
+                f"{len(self.stop_conditions)} stop condition(s))")
+
+    def __enter__(self):
+        super().__enter__()
+        self.epoch_group.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.epoch_group.__exit__(*exc)
+        super().__exit__(*exc)
+
+    def nodes_to_checkpoint(self):
+        """The nodes given to the constructor, else the init group's."""
+        if self._nodes_to_checkpoint is not None:
+            return list(self._nodes_to_checkpoint)
+        return self.init_group.used_nodes()
+
+    def add_stop_condition(self, output):
+        """Stop after the epoch in which ``output`` (a TaskOutput, or a blob
+        of the current node, fetched after every epoch) is true."""
+        if isinstance(output, (BlobRef, str)):
+            output = Task(outputs=[output], group=self.epoch_group,
+                          name="stop_condition").outputs()[0]
+        if not isinstance(output, TaskOutput):
+            raise PlanError(
+                f"a stop condition is a blob or a TaskOutput, got {output!r}")
+        self.stop_conditions.append(output)
+        return output
+
+    def printable_groups(self):
+        return [("init", self.init_group), ("epoch", self.epoch_group),
+                ("download", self.download_group), ("exit", self.exit_group)]
+
+
+def epoch_limiter(job, num_epochs):
+    """Stop ``job`` after exactly ``num_epochs`` epochs.
+
+    The counter lives on the current Node, created by the init group -- so
+    it is checkpointed, and a job resumed from epoch k runs only the
+    epochs left."""
+    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or \
+            num_epochs < 1:
+        raise PlanError(f"epoch_limiter needs num_epochs >= 1, got "
+                        f"{num_epochs!r}")
+    with job.init_group:
+        init_net = Net("epoch_counter_init")
+        counter = init_net.CreateCounter([], init_count=num_epochs - 1)
+        Task(step=init_net, name="epoch_limiter")
+    with job.epoch_group:
+        epoch_net = Net("epoch_countdown")
+        finished = epoch_net.CountDown([counter])
+        output = Task(step=epoch_net, outputs=finished,
+                      name="epoch_limiter").outputs()[0]
+    job.add_stop_condition(output)
+    return output
+
+
+class EpochReport:
+    """What the runner reports of one epoch."""
+
+    __slots__ = ("epoch", "seconds", "node_seconds", "checkpoint_seconds",
+                 "stopped", "checkpoint_error")
+
+    def __init__(self, epoch, seconds, node_seconds, checkpoint_seconds,
+                 stopped, checkpoint_error=None):
+        self.epoch = epoch
+        self.seconds = seconds              # the epoch group's run
+        self.node_seconds = node_seconds    # {node: s until it finished}
+        self.checkpoint_seconds = checkpoint_seconds
+        self.stopped = stopped              # a stop condition was true
+        self.checkpoint_error = checkpoint_error  # message, or None
+
+    def __repr__(self):
+        return (f"EpochReport(epoch={self.epoch}, seconds={self.seconds:.3f}"
+                f", stopped={self.stopped})")
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class TrainResult:
+    """`JobRunner.result`: what the last ``train`` did."""
+
+    def __init__(self):
+        self.epochs = []             # EpochReport per epoch run
+        self.last_epoch = None
+        self.checkpoint_errors = []  # (epoch, message) of unwritten ones
+        self.restarts = []           # (epoch resumed from, error message)
+        self.resumed_from = None
+
+    def __repr__(self):
+        return (f"TrainResult(last_epoch={self.last_epoch}, "
+                f"{len(self.epochs)} epoch(s), "
+                f"{len(self.checkpoint_errors)} checkpoint error(s), "
+                f"{len(self.restarts)} restart(s))")
+
+
+class JobRunner:
+    """``JobRunner(job, checkpoint_manager=None, resume_from_epoch=None,
+    upload_task_group_builder=None, max_restarts=0,
+    on_checkpoint_error='warn', on_epoch=None)``.
+
+    ``on_epoch(report)`` is called after every epoch with its
+    `EpochReport`; ``result`` holds the `TrainResult` of the last train.
+    """
+
+    def __init__(self, job, checkpoint_manager=None, resume_from_epoch=None,
+                 upload_task_group_builder=None, max_restarts=0,
+                 on_checkpoint_error="warn", on_epoch=None):
+        if not isinstance(job, Job):
+            raise PlanError(f"JobRunner needs a Job, got {job!r}")
+        if on_checkpoint_error not in ("warn", "raise"):
+            raise PlanError(f"on_checkpoint_error must be 'warn' or 'raise', "
+                            f"got {on_checkpoint_error!r}")
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts,
+                                                            int) \
+                or max_restarts < 0:
+            raise PlanError(f"max_restarts must be an int >= 0, got "
+                            f"{max_restarts!r}")
+        if checkpoint_manager is None and (resume_from_epoch is not None or
+                                           max_restarts):
+            raise PlanError(
+                "resume_from_epoch and max_restarts need a checkpoint_manager"
+                " (MultiNodeCheckpointManager(db_prefix)) to load from")
+        if resume_from_epoch is not None and (
+                isinstance(resume_from_epoch, bool) or
+                not isinstance(resume_from_epoch, (int, np.integer)) or
+                resume_from_epoch < 0):
+            raise PlanError(f"resume_from_epoch must be an epoch number >= 0,"
+                            f" got {resume_from_epoch!r}")
+        self.job = job
+        self.checkpoint_manager = checkpoint_manager
+        self.resume_from_epoch = resume_from_epoch
+        self.upload_task_group_builder = upload_task_group_builder
+        self.max_restarts = max_restarts
+        self.on_checkpoint_error = on_checkpoint_error
+        self.on_epoch = on_epoch
+        self.result = TrainResult()
+
+    # -- training -----------------------------------------------------------------
+
+    def train(self, session):
+        """Train to the end; returns the number of the last epoch run."""
+        self.result = result = TrainResult()
+        resume = self.resume_from_epoch
+        result.resumed_from = resume
+        while True:
+            try:
+                epoch = self._start(session, resume)
+                epoch = self._epochs(session, epoch)
+                break
+            except NodeFailedError as exc:
+                if len(result.restarts) >= self.max_restarts:
+                    raise
+                resume = self.checkpoint_manager.get_resume_from_epoch_id()
+                result.restarts.append((resume, str(exc)))
+                log.warning(
+                    "node %r failed (%s); restart %d of %d from %s", exc.node,
+                    exc.signal_name or f"exit {exc.exitcode}",
+                    len(result.restarts), self.max_restarts,
+                    "scratch" if resume is None else f"epoch {resume}")
+        result.last_epoch = epoch
+        if self.upload_task_group_builder is not None:
+            session.run(self.upload_task_group_builder.build(
+                epoch, self.checkpoint_manager))
+        for group in (self.job.download_group, self.job.exit_group):
+            if group.num_registered_tasks():
+                session.run(group)
+        return epoch
+
+    def _start(self, session, resume):
+        """Init (or load) and checkpoint epoch 0; the epoch reached."""
+        cm = self.checkpoint_manager
+        nodes = self.job.nodes_to_checkpoint()
+        if resume is None:
+            if self.job.init_group.num_registered_tasks():
+                session.run(self.job.init_group)
+            if cm is not None:
+                session.run(cm.init(nodes))
+                self._save(session, 0)
+            return 0
+        log.info("resuming from epoch %d", resume)
+        session.run(cm.init(nodes, retrieve_from_epoch=resume))
+        session.run(cm.load(resume))
+        return resume
+
+    def _epochs(self, session, epoch):
+        while True:
+            epoch += 1
+            log.info("epoch %d starting", epoch)
+            start = time.monotonic()
+            session.run(self.job.epoch_group)
+            seconds = time.monotonic() - start
+            node_seconds = dict(session.last_run_seconds)
+            stop = any(_truthy(o.fetch()) for o in self.job.stop_conditions)
+            start = time.monotonic()
+            error = self._save(session, epoch)
+            report = EpochReport(epoch, seconds, node_seconds,
+                                 time.monotonic() - start, stop, error)
+            self.result.epochs.append(report)
+            log.info("epoch %d done in %.3f s (%s)%s", epoch, seconds,
+                     ", ".join(f"{n} {s:.3f} s" for n, s in
+                               sorted(node_seconds.items())),
+                     "; stopping" if stop else "")
+            if self.on_epoch is not None:
+                self.on_epoch(report)
+            if stop:
+                return epoch
+
+    def _save(self, session, epoch):
+        """Checkpoint ``epoch``; the error message if it was not written
+        (and training goes on), None if it was."""
+        cm = self.checkpoint_manager
+        if cm is None:
+            return None
+        try:
+            session.run(cm.save(epoch))
+        except TaskFailedError as exc:
+            cm.remove_partials(epoch)
+            reason = str(exc).split(": ", 1)[-1] if exc.op_type else str(exc)
+            message = (f"checkpoint of epoch {epoch} was not written "
+                       f"(node {exc.node!r}: {reason})")
+            if self.on_checkpoint_error == "raise":
+                raise CheckpointError(message) from exc
+            log.error("%s; training goes on", message)
+            warnings.warn(f"{message}; training goes on", CheckpointWarning,
+                          stacklevel=3)
+            self.result.checkpoint_errors.append((epoch, message))
+            return message
+        except BaseException:
+            cm.remove_partials(epoch)  # a node killed while writing
+            raise
+        cm.report_saved(epoch)
+        return None
+
+
+def _truthy(value):
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_truthy(v) for v in value)
+    return bool(np.asarray(value).any())
