@@ -256,8 +256,9 @@ def checkpoint_blob_names(ctx, path=""):
 
 
 @register_op("SaveCheckpoint", num_outputs=0, context=True)
-def save_checkpoint(ctx, names, path="", epoch=0):
-    """Write the blobs listed in ``names`` to ``path`` (see the module)."""
+def save_checkpoint(ctx, names, path="", epoch=0, final=False):
+    """Write the blobs listed in ``names`` to ``path`` (see the module);
+    ``final`` marks the epoch training stopped after."""
     ws = _workspace(ctx)
     blobs = {}
     for name in names.tolist():
@@ -268,7 +269,8 @@ def save_checkpoint(ctx, names, path="", epoch=0):
                 "after the init group but is gone; a checkpoint needs every "
                 "blob the init group left")
         blobs[name] = value
-    write_checkpoint(path, blobs, {"node": ctx.node, "epoch": int(epoch)})
+    write_checkpoint(path, blobs, {"node": ctx.node, "epoch": int(epoch),
+                                   "final": bool(final)})
 
 
 @register_op("LoadCheckpoint", num_outputs=0, context=True)
@@ -359,16 +361,24 @@ class _Manager:
             return n
         return self._group(net)
 
-    def save(self, epoch):
+    def save(self, epoch, final=False):
         """A TaskGroup in which every node writes its checkpoint of
-        ``epoch`` (creating ``db_prefix`` if needed)."""
+        ``epoch`` (creating ``db_prefix`` if needed); ``final`` records
+        that training stopped after this epoch, so a run resumed from it
+        runs no more epochs."""
         def net(node):
             n = Net("checkpoint_save")
             n.SaveCheckpoint([BLOB_NAMES], [],
                              path=self.get_ckpt_db_name(node, epoch),
-                             epoch=int(epoch))
+                             epoch=int(epoch), final=bool(final))
             return n
         return self._group(net)
+
+    def epoch_is_final(self, epoch):
+        """Whether training stopped after ``epoch`` (its checkpoints say so).
+        """
+        return any(read_manifest(self.get_ckpt_db_name(node, epoch))
+                   .get("final", False) for node in self._nodes_for_files())
 
     def load(self, epoch):
         """A TaskGroup in which every node loads its checkpoint of

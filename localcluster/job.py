@@ -19,7 +19,9 @@ conditions, a checkpoint; then the upload builder's group, the download
 group and the exit group.  What a checkpoint holds is each node's global
 workspace right after the init group, so a run resumed from epoch k --
 with a fresh session and a rebuilt job -- ends exactly where an
-uninterrupted one does.
+uninterrupted one does.  A checkpoint also records whether training
+stopped after its epoch: resuming from the epoch a run stopped at runs no
+further epoch (only the upload, download and exit steps).
 """
 
 import logging
@@ -217,7 +219,9 @@ class JobRunner:
         while True:
             try:
                 epoch = self._start(session, resume)
-                epoch = self._epochs(session, epoch)
+                if resume is None or not \
+                        self.checkpoint_manager.epoch_is_final(resume):
+                    epoch = self._epochs(session, epoch)
                 break
             except NodeFailedError as exc:
                 if len(result.restarts) >= self.max_restarts:
@@ -264,7 +268,7 @@ class JobRunner:
             node_seconds = dict(session.last_run_seconds)
             stop = any(_truthy(o.fetch()) for o in self.job.stop_conditions)
             start = time.monotonic()
-            error = self._save(session, epoch)
+            error = self._save(session, epoch, final=stop)
             report = EpochReport(epoch, seconds, node_seconds,
                                  time.monotonic() - start, stop, error)
             self.result.epochs.append(report)
@@ -277,14 +281,14 @@ class JobRunner:
             if stop:
                 return epoch
 
-    def _save(self, session, epoch):
+    def _save(self, session, epoch, final=False):
         """Checkpoint ``epoch``; the error message if it was not written
         (and training goes on), None if it was."""
         cm = self.checkpoint_manager
         if cm is None:
             return None
         try:
-            session.run(cm.save(epoch))
+            session.run(cm.save(epoch, final=final))
         except TaskFailedError as exc:
             cm.remove_partials(epoch)
             reason = str(exc).split(": ", 1)[-1] if exc.op_type else str(exc)

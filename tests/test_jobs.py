@@ -62,8 +62,9 @@ def test_train_resume_and_load_give_the_expected_totals(
 
     for initial_epoch in range(1, len(EXPECTED_TOTALS) + 1):
         fresh, checkpoint = make()
-        JobRunner(job, checkpoint,
-                  resume_from_epoch=initial_epoch).train(fresh)
+        # resuming from the epoch it stopped at runs no further epoch
+        assert JobRunner(job, checkpoint, resume_from_epoch=initial_epoch) \
+            .train(fresh) == len(EXPECTED_TOTALS)
         assert fetch_total(fresh, fetcher) == EXPECTED_TOTALS[-1]
         fresh.close()
 
