@@ -25,7 +25,9 @@ back every blob of the file.  The managers only build TaskGroups (for
 import json
 import os
 import re
+import struct
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -43,7 +45,6 @@ BLOB_NAMES = "__checkpoint__/blob_names"
 MANIFEST = "__manifest__.json"
 FORMAT = "localcluster-checkpoint"
 _PARTIAL = ".partial-"
-_CHUNK = 16 << 20
 
 
 # -- the file format ------------------------------------------------------------
@@ -119,19 +120,20 @@ def read_manifest(path):
             return _manifest(zf, path)
     except CheckpointError:
         raise
-    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as exc:
+    except Exception as exc:  # noqa: BLE001 -- see _scan
         raise _corrupt(path, exc) from exc
 
 
 def _scan(path, names, out):
     wanted = None if names is None else set(map(str, names))
     try:
-        with zipfile.ZipFile(path) as zf:
+        with zipfile.ZipFile(path) as zf, open(path, "rb",
+                                               buffering=0) as raw:
             manifest = _manifest(zf, path)
             for entry in manifest["blobs"]:
                 if wanted is not None and entry["name"] not in wanted:
                     continue
-                array = _read_member(zf, entry, path, keep=out is not None)
+                array = _read_member(zf, raw, entry, path)
                 if out is not None:
                     out[entry["name"]] = array
             return manifest
@@ -142,9 +144,8 @@ def _scan(path, names, out):
             f"checkpoint {path} does not exist: check the db_prefix and the "
             "epoch (get_resume_from_epoch_id() gives the latest complete "
             "one)") from exc
-    except (OSError, zipfile.BadZipFile, ValueError, KeyError, EOFError,
-            TypeError) as exc:
-        raise _corrupt(path, exc) from exc
+    except Exception as exc:  # noqa: BLE001 -- whatever a damaged file
+        raise _corrupt(path, exc) from exc  # makes the parsers raise
 
 
 def _corrupt(path, exc):
@@ -169,31 +170,69 @@ def _manifest(zf, path):
     return manifest
 
 
-def _read_member(zf, entry, path, keep):
-    with zf.open(entry["member"]) as member:
-        version = np.lib.format.read_magic(member)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(
-                member, max_header_size=100000)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(
-                member, max_header_size=100000)
-        if dtype.hasobject or fortran or list(shape) != entry["shape"] or \
-                dtype.str != entry["dtype"]:
+def _read_member(zf, raw, entry, path):
+    """The array of manifest ``entry``, read straight from the file (one
+    copy, no zipfile buffering) and checked against the member's CRC-32."""
+    info = zf.getinfo(entry["member"])
+    if info.compress_type != zipfile.ZIP_STORED or \
+            info.compress_size != info.file_size:
+        raise CheckpointError(f"checkpoint {path}: blob {entry['name']!r} "
+                              "is not stored as written")
+    raw.seek(info.header_offset)
+    local = raw.read(30)
+    if len(local) != 30 or local[:4] != b"PK\x03\x04":
+        raise CheckpointError(f"checkpoint {path}: blob {entry['name']!r} "
+                              "has no valid local header")
+    name_len, extra_len = struct.unpack("<HH", local[26:30])
+    if raw.read(name_len).decode("utf-8", "replace") != info.filename:
+        raise CheckpointError(f"checkpoint {path}: blob {entry['name']!r} "
+                              "has a local header of another member")
+    start = info.header_offset + 30 + name_len + extra_len
+    raw.seek(start)
+    reader = _Counted(raw)
+    version = np.lib.format.read_magic(reader)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, fortran, dtype = read_header(reader, max_header_size=100000)
+    if dtype.hasobject or fortran or list(shape) != entry["shape"] or \
+            dtype.str != entry["dtype"] or \
+            reader.count + entry["nbytes"] != info.file_size:
+        raise CheckpointError(
+            f"checkpoint {path}: blob {entry['name']!r} has a header that "
+            "does not match the manifest; it was not loaded")
+    raw.seek(start)
+    crc = zlib.crc32(raw.read(reader.count))
+    array = np.empty(shape, dtype)
+    if array.nbytes:
+        data = memoryview(array.reshape(-1).view(np.uint8))
+        got = raw.readinto(data)
+        while 0 < got < array.nbytes:  # a short read (a signal, a pipe)
+            more = raw.readinto(data[got:])
+            if not more:
+                break
+            got += more
+        if got != array.nbytes:
             raise CheckpointError(
-                f"checkpoint {path}: blob {entry['name']!r} has a header "
-                "that does not match the manifest; it was not loaded")
-        if not keep:
-            while member.read(_CHUNK):  # read to the end: the CRC is checked
-                pass
-            return None
-        data = member.read()
-        if len(data) != entry["nbytes"] or member.read(1):
-            raise CheckpointError(
-                f"checkpoint {path}: blob {entry['name']!r} holds "
-                f"{len(data)} bytes, the manifest says {entry['nbytes']}")
-    return np.frombuffer(data, dtype=dtype).reshape(shape) if data \
-        else np.zeros(shape, dtype)
+                f"checkpoint {path}: blob {entry['name']!r} is cut short "
+                f"({got} of {array.nbytes} bytes)")
+        crc = zlib.crc32(data, crc)
+    if crc != info.CRC:
+        raise CheckpointError(
+            f"checkpoint {path}: blob {entry['name']!r} fails its CRC-32 "
+            "check (corrupted); it was not loaded")
+    return array
+
+
+class _Counted:
+    """A file's ``read``, counting the bytes it gave (the .npy header)."""
+
+    def __init__(self, f):
+        self._f, self.count = f, 0
+
+    def read(self, n=-1):
+        data = self._f.read(n)
+        self.count += len(data)
+        return data
 
 
 def remove_partials(path):
@@ -280,12 +319,9 @@ def load_checkpoint(ctx, path="", names=None):
     a full load also resets the node's list of checkpointed blobs."""
     manifest, blobs = read_checkpoint(path, names)
     ws = _workspace(ctx)
-    # read-only views on what was read: a store that keeps what it is given
-    # (not the shared-memory one, which copies) gets writable copies
-    keeps = not getattr(ws._blobs, "copies", False)
     with ws.lock:
         for name, value in blobs.items():
-            ws.set(name, np.array(value) if keeps else value)
+            ws.set(name, value)
         if names is None:
             ws.set(BLOB_NAMES, np.array([e["name"] for e in
                                          manifest["blobs"]], dtype=str)
