@@ -14,7 +14,7 @@ MEASUREMENTS = {
     "dispatch_localhost", "dispatch_local", "fetch_zero_copy", "fetch_copy",
     "fetch_copy_vs_pickle", "fetch_zero_copy_vs_pickle", "startup_16",
     "startup_16_vs_fork", "sigkill_detection", "op_loop", "queue_small",
-    "queue_big_memcpy", "queue_big_mpq",
+    "queue_big_memcpy", "queue_big_mpq", "ckpt_save", "ckpt_load",
 }
 
 
