@@ -45,6 +45,7 @@ BLOB_NAMES = "__checkpoint__/blob_names"
 MANIFEST = "__manifest__.json"
 FORMAT = "localcluster-checkpoint"
 _PARTIAL = ".partial-"
+_CHUNK = 1 << 20
 
 
 # -- the file format ------------------------------------------------------------
@@ -97,20 +98,24 @@ def _write_member(zf, name, value):
             "crc32": info.CRC}
 
 
-def read_checkpoint(path, names=None):
+def read_checkpoint(path, names=None, sink=None):
     """``(manifest, {name: array})`` of the checkpoint at ``path``, every
     member verified first; only ``names`` if given (names it lacks are
     skipped).  Raises `CheckpointError` naming the file if it is missing,
-    torn or corrupted."""
+    torn or corrupted.
+
+    ``sink(name, shape, dtype)``, if given, returns the array each blob is
+    read into (a workspace's own memory, say): then every member is
+    verified before the first byte is written there."""
     blobs = {}
-    manifest = _scan(path, names, blobs)
+    manifest = _scan(path, names, blobs, sink)
     return manifest, blobs
 
 
 def verify_checkpoint(path):
     """The manifest of the checkpoint at ``path`` after reading every byte
     of it and checking every checksum; `CheckpointError` if it fails."""
-    return _scan(path, None, None)
+    return _scan(path, None, None, None)
 
 
 def read_manifest(path):
@@ -124,18 +129,23 @@ def read_manifest(path):
         raise _corrupt(path, exc) from exc
 
 
-def _scan(path, names, out):
+def _scan(path, names, out, sink):
     wanted = None if names is None else set(map(str, names))
     try:
         with zipfile.ZipFile(path) as zf, open(path, "rb",
                                                buffering=0) as raw:
             manifest = _manifest(zf, path)
-            for entry in manifest["blobs"]:
-                if wanted is not None and entry["name"] not in wanted:
-                    continue
-                array = _read_member(zf, raw, entry, path)
-                if out is not None:
-                    out[entry["name"]] = array
+            entries = [e for e in manifest["blobs"]
+                       if wanted is None or e["name"] in wanted]
+            places = [_locate(zf, raw, e, path) for e in entries]
+            if out is None or sink is not None:
+                # every checksum first: nothing reaches a sink unverified
+                buffer = memoryview(bytearray(_CHUNK))
+                for place in places:
+                    _verify(raw, place, path, buffer)
+            if out is not None:
+                for place in places:
+                    out[place.name] = _fill(raw, place, path, sink)
             return manifest
     except CheckpointError:
         raise
@@ -170,9 +180,21 @@ def _manifest(zf, path):
     return manifest
 
 
-def _read_member(zf, raw, entry, path):
-    """The array of manifest ``entry``, read straight from the file (one
-    copy, no zipfile buffering) and checked against the member's CRC-32."""
+class _Place:
+    """Where a blob's bytes are in a checkpoint file, and what they are."""
+
+    __slots__ = ("name", "start", "header", "shape", "dtype", "nbytes",
+                 "crc")
+
+    def __init__(self, name, start, header, shape, dtype, nbytes, crc):
+        self.name, self.start, self.header = name, start, header
+        self.shape, self.dtype, self.nbytes, self.crc = \
+            shape, dtype, nbytes, crc
+
+
+def _locate(zf, raw, entry, path):
+    """The `_Place` of manifest ``entry``, its headers checked against the
+    manifest (the data is read later, straight from the file)."""
     info = zf.getinfo(entry["member"])
     if info.compress_type != zipfile.ZIP_STORED or \
             info.compress_size != info.file_size:
@@ -200,26 +222,51 @@ def _read_member(zf, raw, entry, path):
         raise CheckpointError(
             f"checkpoint {path}: blob {entry['name']!r} has a header that "
             "does not match the manifest; it was not loaded")
-    raw.seek(start)
-    crc = zlib.crc32(raw.read(reader.count))
-    array = np.empty(shape, dtype)
-    if array.nbytes:
-        data = memoryview(array.reshape(-1).view(np.uint8))
-        got = raw.readinto(data)
-        while 0 < got < array.nbytes:  # a short read (a signal, a pipe)
-            more = raw.readinto(data[got:])
-            if not more:
-                break
-            got += more
-        if got != array.nbytes:
+    return _Place(entry["name"], start, reader.count, shape, dtype,
+                  entry["nbytes"], info.CRC)
+
+
+def _read_exactly(raw, view, place, path):
+    got = 0
+    while got < len(view):
+        more = raw.readinto(view[got:])
+        if not more:
             raise CheckpointError(
-                f"checkpoint {path}: blob {entry['name']!r} is cut short "
-                f"({got} of {array.nbytes} bytes)")
-        crc = zlib.crc32(data, crc)
-    if crc != info.CRC:
+                f"checkpoint {path}: blob {place.name!r} is cut short")
+        got += more
+
+
+def _check(crc, place, path):
+    if crc != place.crc:
         raise CheckpointError(
-            f"checkpoint {path}: blob {entry['name']!r} fails its CRC-32 "
-            "check (corrupted); it was not loaded")
+            f"checkpoint {path}: blob {place.name!r} fails its CRC-32 check "
+            "(corrupted); it was not loaded")
+
+
+def _verify(raw, place, path, buffer):
+    """Check ``place``'s CRC-32, reading through ``buffer``."""
+    raw.seek(place.start)
+    crc, left = 0, place.header + place.nbytes
+    while left:
+        chunk = buffer[:min(left, len(buffer))]
+        _read_exactly(raw, chunk, place, path)
+        crc = zlib.crc32(chunk, crc)
+        left -= len(chunk)
+    _check(crc, place, path)
+
+
+def _fill(raw, place, path, sink):
+    """Read ``place`` into ``sink(...)``'s array (verified already), or into
+    a new array whose CRC-32 is checked here."""
+    array = np.empty(place.shape, place.dtype) if sink is None else \
+        sink(place.name, place.shape, place.dtype)
+    raw.seek(place.start)
+    crc = zlib.crc32(raw.read(place.header))
+    if place.nbytes:
+        data = memoryview(array.reshape(-1).view(np.uint8))
+        _read_exactly(raw, data, place, path)
+        crc = zlib.crc32(data, crc) if sink is None else place.crc
+    _check(crc, place, path)
     return array
 
 
@@ -317,11 +364,15 @@ def load_checkpoint(ctx, path="", names=None):
     """Put the blobs of the checkpoint at ``path`` (only ``names``, if
     given) into this node's global workspace, after verifying all of them;
     a full load also resets the node's list of checkpointed blobs."""
-    manifest, blobs = read_checkpoint(path, names)
     ws = _workspace(ctx)
+    reserve = getattr(ws._blobs, "reserve", None)
     with ws.lock:
-        for name, value in blobs.items():
-            ws.set(name, value)
+        # into the shared-memory store's own segments (verified first), or
+        # into new arrays the workspace then keeps
+        manifest, blobs = read_checkpoint(path, names, reserve)
+        if reserve is None:
+            for name, value in blobs.items():
+                ws.set(name, value)
         if names is None:
             ws.set(BLOB_NAMES, np.array([e["name"] for e in
                                          manifest["blobs"]], dtype=str)

@@ -177,6 +177,23 @@ class ShmStore(dict):
         self._segments[name] = segment
         dict.__setitem__(self, name, array)
 
+    def reserve(self, name, shape, dtype):
+        """The array blob ``name`` lives in, made to have ``shape`` and
+        ``dtype`` (its segment kept if it has them, else a new one); the
+        caller fills it."""
+        dtype = np.dtype(dtype)
+        current = dict.get(self, name)
+        if current is not None and name in self._segments and \
+                current.shape == tuple(shape) and current.dtype == dtype:
+            return current
+        nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        segment = self._new_name()
+        array = array_on(create_segment(segment, nbytes), tuple(shape), dtype)
+        self._drop_segment(name)
+        self._segments[name] = segment
+        dict.__setitem__(self, name, array)
+        return array
+
     def adopt(self, name, segment, shape, dtype):
         """Take over a segment the master created for ``name``."""
         array = array_on(map_segment(segment, writable=True), shape, dtype)
