@@ -554,6 +554,12 @@ class _Manager:
                 return epoch
         return None
 
+    def nodes_without(self, epoch, nodes=None):
+        """Which of the nodes ``init(nodes)`` would checkpoint have no
+        checkpoint file of ``epoch``."""
+        return [n for n in self._init_nodes(nodes)
+                if not os.path.isfile(self.get_ckpt_db_name(n, epoch))]
+
     def cp_accessible(self, epoch=None):
         """Whether ``db_prefix`` is a readable directory -- and, with
         ``epoch``, whether every node's checkpoint of it exists."""

@@ -213,6 +213,11 @@ class JobRunner:
 
     def train(self, session):
         """Train to the end; returns the number of the last epoch run."""
+        if not self.job.stop_conditions:
+            raise PlanError(
+                "the job has no stop condition, so training would never end;"
+                " add epoch_limiter(job, num_epochs) or "
+                "job.add_stop_condition(blob)")
         self.result = result = TrainResult()
         resume = self.resume_from_epoch
         result.resumed_from = resume
@@ -254,6 +259,12 @@ class JobRunner:
                 self._save(session, 0)
             return 0
         log.info("resuming from epoch %d", resume)
+        missing = cm.nodes_without(resume, nodes)
+        if missing:
+            raise CheckpointError(
+                f"cannot resume from epoch {resume}: node(s) {missing} have "
+                f"no checkpoint of it under {cm.db_prefix}; the latest "
+                f"complete epoch is {cm.get_resume_from_epoch_id()}")
         session.run(cm.init(nodes, retrieve_from_epoch=resume))
         session.run(cm.load(resume))
         return resume

@@ -292,3 +292,21 @@ def test_warnings_do_not_escape_a_clean_run(session, tmp_path):
         warnings.simplefilter("error")
         JobRunner(job, MultiNodeCheckpointManager(str(tmp_path))).train(
             session)
+
+
+def test_a_job_without_a_stop_condition_is_refused(session):
+    with Job() as job, Node("trainer_0"), Task():
+        ops.Const(np.array(1))
+    with pytest.raises(PlanError, match="no stop condition"):
+        JobRunner(job).train(session)
+
+
+def test_resuming_from_an_epoch_never_saved_names_the_latest(session,
+                                                            tmp_path):
+    job, _ = build_job()
+    checkpoint = MultiNodeCheckpointManager(str(tmp_path))
+    JobRunner(job, checkpoint).train(session)
+    with pytest.raises(CheckpointError, match="epoch 9.*latest complete "
+                                              "epoch is 4"):
+        JobRunner(job, MultiNodeCheckpointManager(str(tmp_path)),
+                  resume_from_epoch=9).train(session)
