@@ -171,3 +171,24 @@ def test_a_finished_net_builder_runs_like_its_step(session):
         ops.ConstantFill([], ["built"], value=2.0)
     session.run(nb)
     assert session.fetch_blob("built") == 2.0
+
+
+def test_a_traced_run_records_a_span_per_step_and_node(session):
+    from localcluster import Node, Task, TaskGroup, ops
+    with TaskGroup() as group:
+        for node in ("a", "b"):
+            with Node(node), Task(num_instances=2):
+                with ops.loop(3):
+                    ops.Const(1)
+    session.run(group)
+    assert session.last_run_trace == {}
+    session.trace_steps = True
+    session.run(group)
+    assert set(session.last_run_trace) == {"a", "b"}
+    for node, spans in session.last_run_trace.items():
+        names = {name for name, *_ in spans}
+        assert any(name.startswith(f"{node}/task") for name in names), names
+        assert all(end >= start for *_, start, end in spans)
+        threads = {thread for _, _, thread, _, _ in spans}
+        assert len(threads) >= 2  # the two instances ran on two threads
+    assert set(session.last_run_seconds) == {"a", "b"}

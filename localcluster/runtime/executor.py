@@ -28,6 +28,7 @@ import functools
 import logging
 import sys
 import threading
+import time
 import traceback
 
 import numpy as np
@@ -40,6 +41,8 @@ __all__ = ["RunContext", "Cancelled", "execute"]
 
 #: seconds an interrupted run waits for its threads to stop
 CANCEL_JOIN = 2.0
+#: step spans a traced run keeps per node (the rest are not recorded)
+MAX_TRACE = 20000
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +69,11 @@ class RunContext:
                                     resources if resources is not None else {})
         self._compiled = {}
         self._compile_lock = threading.Lock()
+        self.trace = None   # a list: the run records its step spans there
 
-    def begin(self):
+    def begin(self, trace=False):
         self.cancelled.clear()
+        self.trace = [] if trace else None
 
     def check(self):
         if self.cancelled.is_set():
@@ -250,7 +255,26 @@ def _stopped(name, ws):
 
 
 def execute(step, ws, rc, task=None):
-    """Run ``step`` on workspace ``ws``; raises on failure or cancellation."""
+    """Run ``step`` on workspace ``ws``; raises on failure or cancellation.
+
+    With ``rc.trace`` a list, each step run appends a span to it:
+    ``(step name, task, thread name, start, end)`` in `time.time` seconds
+    (at most `MAX_TRACE` per run)."""
+    trace = rc.trace
+    if trace is None:
+        _execute(step, ws, rc, task)
+        return
+    start = time.time()
+    try:
+        _execute(step, ws, rc, task)
+    finally:
+        if len(trace) < MAX_TRACE:
+            trace.append((step.name, step.task or task,
+                          threading.current_thread().name, start,
+                          time.time()))
+
+
+def _execute(step, ws, rc, task):
     task = step.task or task
     if step.create_workspace:
         ws = ws.child()

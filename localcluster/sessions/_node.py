@@ -263,10 +263,10 @@ class _NodeServer:
         self.cancelled.set()
         self.rc.op_context.resources["queues"].abort()
 
-    def _start_run(self, rid, channels):
+    def _start_run(self, rid, channels, trace=False):
         with self.run_lock:
             self.current_rid = rid
-            self.rc.begin()
+            self.rc.begin(trace)
             # Queues start empty and open at every run; a queue shared with
             # another node is the shared-memory channel the master made.
             self.rc.op_context.resources["queues"] = ChannelHub(
@@ -374,16 +374,17 @@ class _NodeServer:
             self.plans.popitem(last=False)
         return plan
 
-    def run(self, rid, plan_id, plan_bytes, channels):
+    def run(self, rid, plan_id, plan_bytes, channels, options=None):
         plan = self.load(plan_id, plan_bytes)
-        self._start_run(rid, channels)
+        self._start_run(rid, channels, bool((options or {}).get("trace")))
         start = time.perf_counter()
         try:
             values = run_node_plan(plan, self.ws, self.rc, copy_outputs=False)
         finally:
             self._end_run()
         return {"outputs": self.outbox.pack(values),
-                "seconds": time.perf_counter() - start}
+                "seconds": time.perf_counter() - start,
+                "trace": self.rc.trace}
 
     def describe(self, name):
         value = self.ws.get_or_none(name)

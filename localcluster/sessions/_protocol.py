@@ -6,7 +6,7 @@ request is recognised and dropped::
 
     master -> node                         node -> master
     ("run", rid, plan_id, plan_bytes,      ("ready", pid, problem)
-     channels)
+     channels, options)
                                            ("ok", rid, payload)
     ("fetch", rid, name)                   ("error", rid, error_info)
     ("feed", rid, name, segment, shape, dtype)
@@ -16,7 +16,9 @@ request is recognised and dropped::
 A node keeps the last PLAN_CACHE plans it was sent; the master mirrors that
 cache and sends ``plan_bytes=None`` for a plan the node has.  Every reply
 ends with the number of output bytes the node had sent by then (see
-`_logpump`).  A run's payload is ``{"outputs": {name: descriptor}, "seconds": s}``; a
+`_logpump`).  A run message ends with options (``{"trace": bool}``); a
+run's payload is ``{"outputs": {name: descriptor}, "seconds": s, "trace":
+spans or None}``; a
 descriptor ``(segment, offset, shape, dtype)`` locates a value in shared
 memory.  Errors travel as plain data (`error_info`) -- class kind, message,
 attributes and the formatted traceback -- and are rebuilt in the master

@@ -49,6 +49,11 @@ class Session:
         #: counted from the start of the run
         self.last_run_seconds = {}
         self._run_started = time.monotonic()
+        #: set True to record step spans: ``last_run_trace`` then holds
+        #: ``{node: [(step, task, thread, start, end), ...]}`` of the last
+        #: run (times in `time.time` seconds)
+        self.trace_steps = False
+        self.last_run_trace = {}
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -147,6 +152,7 @@ class Session:
             self._check_open()
             log.debug("running %d node plan(s)", len(plans))
             self.last_run_seconds = {}
+            self.last_run_trace = {}
             self._run_started = time.monotonic()
             results = self._run_plans(plans, timeout)
         for node, output in outputs:

@@ -84,7 +84,7 @@ class LocalSession(Session):
         contexts = {p.node: self._context(p.node) for p in plans}
         hub = ChannelHub()  # queues start empty and open at every run
         for rc in contexts.values():
-            rc.begin()
+            rc.begin(trace=self.trace_steps)
             rc.op_context.resources["queues"] = hub
         if len(plans) == 1 and timeout is None:
             plan = plans[0]
@@ -139,6 +139,12 @@ class LocalSession(Session):
             real = [e for e in errors if not isinstance(e, Cancelled)]
             raise (real or errors)[0]
         return results
+
+    def _node_done(self, node):
+        super()._node_done(node)
+        trace = self._contexts[node].trace
+        if trace is not None:
+            self.last_run_trace[node] = trace
 
     def _collect(self, done, pending):
         """(errors, threads still running) of a cancelled run's other nodes,

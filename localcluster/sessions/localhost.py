@@ -394,11 +394,13 @@ class LocalHostScheduler(Session):
     def _run_message(self, handle, rid, prepared, channels):
         plan_id, payload, _ = prepared
         if plan_id in handle.plans:
-            return (P.RUN, rid, plan_id, None, channels)
+            return (P.RUN, rid, plan_id, None, channels,
+                    {"trace": self.trace_steps})
         handle.plans[plan_id] = True
         if len(handle.plans) > P.PLAN_CACHE:
             handle.plans.popitem(last=False)
-        return (P.RUN, rid, plan_id, payload, channels)
+        return (P.RUN, rid, plan_id, payload, channels,
+                {"trace": self.trace_steps})
 
     def _run_plans(self, plans, timeout):
         timeout = timeout if timeout is not None else self._default_timeout
@@ -484,6 +486,8 @@ class LocalHostScheduler(Session):
         handle.log.wait_for(msg[-1], OUTPUT_WAIT)
         if kind == P.OK:
             self._node_done(handle.name)
+            if msg[2].get("trace") is not None:
+                self.last_run_trace[handle.name] = msg[2]["trace"]
             # Copied now: the node may die before the run ends, and its
             # outbox goes with it.
             state.succeeded(handle.name, self._copy_outputs(
