@@ -131,16 +131,18 @@ class EpochReport:
     """What the runner reports of one epoch."""
 
     __slots__ = ("epoch", "seconds", "node_seconds", "checkpoint_seconds",
-                 "stopped", "checkpoint_error")
+                 "stopped", "checkpoint_error", "started", "trace")
 
     def __init__(self, epoch, seconds, node_seconds, checkpoint_seconds,
-                 stopped, checkpoint_error=None):
+                 stopped, checkpoint_error=None, started=None, trace=None):
         self.epoch = epoch
         self.seconds = seconds              # the epoch group's run
         self.node_seconds = node_seconds    # {node: s until it finished}
         self.checkpoint_seconds = checkpoint_seconds
         self.stopped = stopped              # a stop condition was true
         self.checkpoint_error = checkpoint_error  # message, or None
+        self.started = started              # time.time() at the start
+        self.trace = trace  # session.last_run_trace of the epoch, if traced
 
     def __repr__(self):
         return (f"EpochReport(epoch={self.epoch}, seconds={self.seconds:.3f}"
@@ -273,15 +275,18 @@ class JobRunner:
         while True:
             epoch += 1
             log.info("epoch %d starting", epoch)
-            start = time.monotonic()
+            started, start = time.time(), time.monotonic()
             session.run(self.job.epoch_group)
             seconds = time.monotonic() - start
             node_seconds = dict(session.last_run_seconds)
+            trace = dict(session.last_run_trace) if session.trace_steps \
+                else None
             stop = any(_truthy(o.fetch()) for o in self.job.stop_conditions)
             start = time.monotonic()
             error = self._save(session, epoch, final=stop)
             report = EpochReport(epoch, seconds, node_seconds,
-                                 time.monotonic() - start, stop, error)
+                                 time.monotonic() - start, stop, error,
+                                 started, trace)
             self.result.epochs.append(report)
             log.info("epoch %d done in %.3f s (%s)%s", epoch, seconds,
                      ", ".join(f"{n} {s:.3f} s" for n, s in

@@ -127,7 +127,10 @@ def _render_net(net, depth, lines):
 
 def _arg(value):
     if isinstance(value, np.ndarray):
-        return np.array2string(value, threshold=8, separator=", ")
+        if value.ndim > 1 and value.size > 8:  # one line: what, not values
+            return f"<{value.dtype} array of shape {list(value.shape)}>"
+        return np.array2string(value, threshold=8, separator=", ",
+                               max_line_width=1 << 20)
     if callable(value):
         return f"{getattr(value, '__module__', '?')}." \
                f"{getattr(value, '__qualname__', repr(value))}"
