@@ -152,6 +152,9 @@ def load_builder(spec):
         except ImportError as exc:
             raise UsageError(f"--job {spec!r}: cannot import module "
                              f"{where!r} ({exc})") from exc
+        except Exception as exc:
+            raise UsageError(f"--job {spec!r}: module {where!r} failed to "
+                             f"load: {type(exc).__name__}: {exc}") from exc
     builder = getattr(module, name, None)
     if not callable(builder):
         raise UsageError(f"--job {spec!r}: {where} has no function {name!r}")
@@ -234,9 +237,9 @@ class Usage:
             except psutil.Error:
                 continue
             last_pid, last_cpu, last_time = self._last.get(
-                node, (pid, 0.0, None))
-            if last_pid != pid:  # restarted: a new process from zero
-                last_cpu, last_time = 0.0, None
+                node, (None, 0.0, None))
+            if last_pid != pid:  # new (or restarted): since it started
+                last_cpu, last_time = 0.0, _started(proc, now)
             spent = cpu - last_cpu
             self.cpu_seconds[node] = self.cpu_seconds.get(node, 0.0) + spent
             self.peak_rss[node] = max(self.peak_rss.get(node, 0),
@@ -247,6 +250,14 @@ class Usage:
                          "rss_bytes": rss}
             self._last[node] = (pid, cpu, now)
         return out
+
+
+def _started(proc, now):
+    """``proc``'s start on the time.monotonic clock (None if unknown)."""
+    try:
+        return now - max(0.0, time.time() - proc.create_time())
+    except psutil.Error:
+        return None
 
 
 def _scalar(value):
@@ -355,7 +366,7 @@ def _first_line(exc):
 
 
 def _resume_hint(args, checkpoint_dir):
-    parts = ["python -m localcluster.run"]
+    parts = []
     if args.job:
         parts += ["--job", args.job]
     for option in JOB_OPTIONS:
@@ -365,7 +376,8 @@ def _resume_hint(args, checkpoint_dir):
     if args.session != "localhost":
         parts += ["--session", args.session]
     parts += ["--checkpoint-dir", checkpoint_dir, "--resume"]
-    return " ".join(shlex.quote(p) for p in parts)
+    return "python -m localcluster.run " + " ".join(shlex.quote(p)
+                                                   for p in parts)
 
 
 def _remove_all_partials(directory):
@@ -551,5 +563,14 @@ def train(args, job, options, out):
     return 0
 
 
+def _main():
+    try:
+        return main()
+    except BrokenPipeError:  # `... | head`: the reader left; say nothing
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main())

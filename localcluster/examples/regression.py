@@ -33,9 +33,6 @@ from .. import (Job, Node, Queue, Task, epoch_limiter, ops, pipe,
                 pipe_and_output)
 from ..dataio import Dataset
 
-DEFAULTS = dict(nodes=2, epochs=5, seed=0, threads=2, samples=8192, dim=32,
-                batch=64, lr=0.01, noise=0.1, eval_samples=1024)
-
 
 def make_data(seed, nodes, samples, dim, noise, eval_samples):
     """``(shards, (x_eval, y_eval), w_true)`` drawn from ``seed``."""
@@ -50,8 +47,8 @@ def make_data(seed, nodes, samples, dim, noise, eval_samples):
     return [draw(per_node) for _ in range(nodes)], draw(eval_samples), w_true
 
 
-def build(nodes=2, epochs=5, seed=0, threads=2, samples=8192, dim=32,
-          batch=64, lr=0.01, noise=0.1, eval_samples=1024):
+def build(nodes=2, epochs=5, seed=0, threads=2, samples=65536, dim=32,
+          batch=64, lr=0.0015, noise=0.1, eval_samples=1024):
     """The job and its options (see the module docstring)."""
     shards, (x_eval, y_eval), _ = make_data(seed, nodes, samples, dim, noise,
                                             eval_samples)
