@@ -155,7 +155,11 @@ def test_ctrl_c_then_resume_ends_with_the_uninterrupted_loss(tmp_path):
     assert proc.returncode == 130, out + err
     assert "interrupted during epoch 2" in out
     assert "last complete checkpoint is epoch 1" in out
-    assert "resume with:" in out and "--resume" in out
+    hint = [line for line in out.splitlines()
+            if line.startswith("resume with:")]
+    assert hint == [f"resume with: python -m localcluster.run --job "
+                    f"{job}:build --seed 3 --threads 1 --checkpoint-dir "
+                    f"{ckpt} --resume"]
     assert leftovers(proc.pid) == ([], [])
     assert not [f for f in os.listdir(ckpt) if "partial" in f]
 
@@ -192,6 +196,28 @@ USER_JOB = textwrap.dedent('''
 
     def not_a_job():
         return 42
+
+    def die_once(epoch, marker):
+        import os, signal
+        if int(epoch) == 2 and not os.path.exists(str(marker)):
+            open(str(marker), "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def fragile(epochs=4):
+        import os
+        marker = os.path.join(os.path.dirname(__file__), "died")
+        with Job() as job, Node("worker"):
+            with job.init_group, Task():
+                ops.Const(np.array(0.0), name="x")
+                ops.Const(np.array(0), name="epoch_no")
+                ops.Const(np.array(marker), name="marker")
+            with Task() as task:
+                ops.Add(["epoch_no", ops.Const(np.array(1))], ["epoch_no"])
+                ops.Add(["x", ops.Const(np.array(1.0))], ["x"])
+                ops.Python(die_once)(["epoch_no", "marker"], [])
+                out = task.add_output("x")
+            epoch_limiter(job, epochs)
+        return job, {"metrics": {"x": out}}
 ''')
 
 
@@ -263,3 +289,16 @@ def test_cleanup_removes_segments_of_dead_runs_and_reports_them():
     finally:
         if os.path.exists(os.path.join(SHM, name)):
             os.unlink(os.path.join(SHM, name))
+
+
+def test_max_restarts_recovers_a_node_killed_mid_epoch(tmp_path):
+    job = tmp_path / "myjob.py"
+    job.write_text(USER_JOB)
+    summary, done = json_run("--job", f"{job}:fragile", "--max-restarts",
+                             "1", "--checkpoint-dir", str(tmp_path / "c"))
+    assert (tmp_path / "died").exists()
+    assert [r["resumed_from"] for r in summary["restarts"]] == [1]
+    assert summary["epochs"][-1]["metrics"]["x"] == 4
+    done = run("--job", f"{job}:fragile", "--checkpoint-dir",
+               str(tmp_path / "d"))
+    assert done.returncode == 0  # the marker exists: nobody dies now
