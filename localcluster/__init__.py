@@ -11,8 +11,8 @@ from .errors import (BlobNotFoundError, CheckpointError, CheckpointWarning,
                      LocalClusterError,
                      NodeFailedError, PlanError, RunTimeoutError,
                      SessionClosedError, TaskFailedError)
-from .checkpoint import (CheckpointManager, MultiNodeCheckpointManager,
-                         UploadTaskGroupBuilder)
+from .checkpoint import (CheckpointManager, MetadataHandler,
+                         MultiNodeCheckpointManager, UploadTaskGroupBuilder)
 from .dataio import (CompositeReader, CounterReader, Dataset, Reader,
                      ReaderWithDelay, ReaderWithLimit, ReaderWithTimeLimit,
                      Record, Writer)
@@ -42,7 +42,7 @@ __all__ = [
     # jobs and checkpoints
     "Job", "JobRunner", "epoch_limiter", "EpochReport", "TrainResult",
     "CheckpointManager", "MultiNodeCheckpointManager",
-    "UploadTaskGroupBuilder",
+    "UploadTaskGroupBuilder", "MetadataHandler",
     # sessions
     "Session", "LocalSession", "LocalHostScheduler",
     # errors

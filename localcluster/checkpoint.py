@@ -1,320 +1,38 @@
-"""Per-node checkpoints: the on-disk format, the ops that write and read
-them inside a node, and the managers a `JobRunner` drives.
+"""Per-node checkpoints: the ops that save and load them inside a node,
+and the managers a `JobRunner` drives.
 
-A checkpoint is one file per node and epoch, ``<db_prefix>/<node>.<epoch>``,
-written by the node itself (under `LocalHostScheduler`: in its own process,
-all nodes in parallel).  It is an uncompressed ``.npz`` -- ``np.load(path)``
-opens it -- holding one ``<blob>.npy`` member per blob and a
-``__manifest__.json`` member, written last, with every blob's name, dtype,
-shape, size and CRC-32.  No pickle anywhere: object arrays are runtime-only
-and never checkpointed.
-
-Writing goes to ``<path>.partial-<pid>``, is fsynced, then renamed over
-``path`` (and the directory fsynced), so a reader sees a whole checkpoint
-or none.  Reading verifies the structure, the manifest and every member's
-CRC before a single blob reaches the workspace: a torn or corrupted file is
-a `CheckpointError` naming it, never half-loaded.
+A checkpoint is one file per node and epoch, ``<db_prefix>/<node>.<epoch>``
+(the format: `localcluster.checkpoint_file`), written by the node itself --
+under `LocalHostScheduler` in its own process, all nodes in parallel.
 
 The blobs a node checkpoints are its global workspace right after the init
 group: ``init()`` records their names in a blob on the node
 (``__checkpoint__/blob_names``), ``save`` writes those blobs, ``load`` puts
-back every blob of the file.  The managers only build TaskGroups (for
-``session.run``) and look at files; they hold no session.
+back every blob of the file (all verified first).  The managers only build
+TaskGroups (for ``session.run``) and look at files; they hold no session::
+
+    master (JobRunner)                       node process
+    session.run(manager.save(3)) --plan-->   SaveCheckpoint op: write its
+                                               blobs to <prefix>/<node>.3
+    manager.get_resume_from_epoch_id()       (reads the files, verifies)
 """
 
-import json
 import os
 import re
-import struct
-import zipfile
-import zlib
 
 import numpy as np
 
+from .checkpoint_file import (BLOB_NAMES, PARTIAL, checkpointable,
+                              read_checkpoint, read_manifest,
+                              remove_partials, verify_checkpoint,
+                              write_checkpoint)
 from .errors import CheckpointError, PlanError
 from .kernels.registry import register_op
 from .plan.net import Net
 from .task import Node, Task, TaskGroup, WorkspaceType
 
 __all__ = ["CheckpointManager", "MultiNodeCheckpointManager",
-           "UploadTaskGroupBuilder", "write_checkpoint", "read_checkpoint",
-           "verify_checkpoint", "BLOB_NAMES"]
-
-#: the blob (on every checkpointed node) listing what its checkpoint holds
-BLOB_NAMES = "__checkpoint__/blob_names"
-MANIFEST = "__manifest__.json"
-FORMAT = "localcluster-checkpoint"
-_PARTIAL = ".partial-"
-_CHUNK = 1 << 20
-
-
-# -- the file format ------------------------------------------------------------
-
-def checkpointable(name, value):
-    """Whether blob ``name`` holding ``value`` goes into checkpoints."""
-    return (isinstance(value, np.ndarray) and not value.dtype.hasobject
-            and name != BLOB_NAMES)
-
-
-def write_checkpoint(path, blobs, meta=None):
-    """Write ``{name: array}`` to ``path`` atomically (see the module
-    docstring); returns the manifest.  Nothing is left at ``path`` or
-    beside it if writing fails."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    remove_partials(path)
-    tmp = f"{path}{_PARTIAL}{os.getpid()}"
-    entries = []
-    try:
-        with open(tmp, "wb") as f:
-            with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED,
-                                 allowZip64=True) as zf:
-                for name, value in blobs.items():
-                    entries.append(_write_member(zf, name, value))
-                manifest = dict(meta or {}, format=FORMAT, version=1,
-                                blobs=entries)
-                zf.writestr(MANIFEST, json.dumps(manifest, indent=1))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(tmp)
-        raise
-    _fsync_dir(directory)
-    return manifest
-
-
-def _write_member(zf, name, value):
-    # (not np.ascontiguousarray: it makes a 0-d array 1-d)
-    array = value if value.flags.c_contiguous else value.copy(order="C")
-    header = np.lib.format.header_data_from_array_1_0(array)
-    with zf.open(name + ".npy", "w", force_zip64=True) as member:
-        np.lib.format.write_array_header_2_0(member, header)
-        if array.nbytes:
-            member.write(memoryview(array.reshape(-1).view(np.uint8)))
-    info = zf.getinfo(name + ".npy")
-    return {"name": name, "member": info.filename, "dtype": array.dtype.str,
-            "shape": list(array.shape), "nbytes": int(array.nbytes),
-            "crc32": info.CRC}
-
-
-def read_checkpoint(path, names=None, sink=None):
-    """``(manifest, {name: array})`` of the checkpoint at ``path``, every
-    member verified first; only ``names`` if given (names it lacks are
-    skipped).  Raises `CheckpointError` naming the file if it is missing,
-    torn or corrupted.
-
-    ``sink(name, shape, dtype)``, if given, returns the array each blob is
-    read into (a workspace's own memory, say): then every member is
-    verified before the first byte is written there."""
-    blobs = {}
-    manifest = _scan(path, names, blobs, sink)
-    return manifest, blobs
-
-
-def verify_checkpoint(path):
-    """The manifest of the checkpoint at ``path`` after reading every byte
-    of it and checking every checksum; `CheckpointError` if it fails."""
-    return _scan(path, None, None, None)
-
-
-def read_manifest(path):
-    """The manifest alone (structure checked, data not read)."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            return _manifest(zf, path)
-    except CheckpointError:
-        raise
-    except Exception as exc:  # noqa: BLE001 -- see _scan
-        raise _corrupt(path, exc) from exc
-
-
-def _scan(path, names, out, sink):
-    wanted = None if names is None else set(map(str, names))
-    try:
-        with zipfile.ZipFile(path) as zf, open(path, "rb",
-                                               buffering=0) as raw:
-            manifest = _manifest(zf, path)
-            entries = [e for e in manifest["blobs"]
-                       if wanted is None or e["name"] in wanted]
-            places = [_locate(zf, raw, e, path) for e in entries]
-            if out is None or sink is not None:
-                # every checksum first: nothing reaches a sink unverified
-                buffer = memoryview(bytearray(_CHUNK))
-                for place in places:
-                    _verify(raw, place, path, buffer)
-            if out is not None:
-                for place in places:
-                    out[place.name] = _fill(raw, place, path, sink)
-            return manifest
-    except CheckpointError:
-        raise
-    except FileNotFoundError as exc:
-        raise CheckpointError(
-            f"checkpoint {path} does not exist: check the db_prefix and the "
-            "epoch (get_resume_from_epoch_id() gives the latest complete "
-            "one)") from exc
-    except Exception as exc:  # noqa: BLE001 -- whatever a damaged file
-        raise _corrupt(path, exc) from exc  # makes the parsers raise
-
-
-def _corrupt(path, exc):
-    return CheckpointError(
-        f"checkpoint {path} is torn or corrupted ({type(exc).__name__}: "
-        f"{exc}); it was not loaded -- resume from an earlier epoch "
-        "(get_resume_from_epoch_id() skips broken ones)")
-
-
-def _manifest(zf, path):
-    manifest = json.loads(zf.read(MANIFEST))  # zipfile checks its CRC
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path} has no localcluster "
-                              "manifest; it was not written by localcluster")
-    members = {info.filename: info for info in zf.infolist()}
-    for entry in manifest["blobs"]:
-        info = members.get(entry["member"])
-        if info is None or info.CRC != entry["crc32"]:
-            raise CheckpointError(
-                f"checkpoint {path}: blob {entry['name']!r} does not match "
-                "the manifest (torn or corrupted file); it was not loaded")
-    return manifest
-
-
-class _Place:
-    """Where a blob's bytes are in a checkpoint file, and what they are."""
-
-    __slots__ = ("name", "start", "header", "shape", "dtype", "nbytes",
-                 "crc")
-
-    def __init__(self, name, start, header, shape, dtype, nbytes, crc):
-        self.name, self.start, self.header = name, start, header
-        self.shape, self.dtype, self.nbytes, self.crc = \
-            shape, dtype, nbytes, crc
-
-
-def _locate(zf, raw, entry, path):
-    """The `_Place` of manifest ``entry``, its headers checked against the
-    manifest (the data is read later, straight from the file)."""
-    info = zf.getinfo(entry["member"])
-    if info.compress_type != zipfile.ZIP_STORED or \
-            info.compress_size != info.file_size:
-        raise CheckpointError(f"checkpoint {path}: blob {entry['name']!r} "
-                              "is not stored as written")
-    raw.seek(info.header_offset)
-    local = raw.read(30)
-    if len(local) != 30 or local[:4] != b"PK\x03\x04":
-        raise CheckpointError(f"checkpoint {path}: blob {entry['name']!r} "
-                              "has no valid local header")
-    name_len, extra_len = struct.unpack("<HH", local[26:30])
-    if raw.read(name_len).decode("utf-8", "replace") != info.filename:
-        raise CheckpointError(f"checkpoint {path}: blob {entry['name']!r} "
-                              "has a local header of another member")
-    start = info.header_offset + 30 + name_len + extra_len
-    raw.seek(start)
-    reader = _Counted(raw)
-    version = np.lib.format.read_magic(reader)
-    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                   else np.lib.format.read_array_header_2_0)
-    shape, fortran, dtype = read_header(reader, max_header_size=100000)
-    if dtype.hasobject or fortran or list(shape) != entry["shape"] or \
-            dtype.str != entry["dtype"] or \
-            reader.count + entry["nbytes"] != info.file_size:
-        raise CheckpointError(
-            f"checkpoint {path}: blob {entry['name']!r} has a header that "
-            "does not match the manifest; it was not loaded")
-    return _Place(entry["name"], start, reader.count, shape, dtype,
-                  entry["nbytes"], info.CRC)
-
-
-def _read_exactly(raw, view, place, path):
-    got = 0
-    while got < len(view):
-        more = raw.readinto(view[got:])
-        if not more:
-            raise CheckpointError(
-                f"checkpoint {path}: blob {place.name!r} is cut short")
-        got += more
-
-
-def _check(crc, place, path):
-    if crc != place.crc:
-        raise CheckpointError(
-            f"checkpoint {path}: blob {place.name!r} fails its CRC-32 check "
-            "(corrupted); it was not loaded")
-
-
-def _verify(raw, place, path, buffer):
-    """Check ``place``'s CRC-32, reading through ``buffer``."""
-    raw.seek(place.start)
-    crc, left = 0, place.header + place.nbytes
-    while left:
-        chunk = buffer[:min(left, len(buffer))]
-        _read_exactly(raw, chunk, place, path)
-        crc = zlib.crc32(chunk, crc)
-        left -= len(chunk)
-    _check(crc, place, path)
-
-
-def _fill(raw, place, path, sink):
-    """Read ``place`` into ``sink(...)``'s array (verified already), or into
-    a new array whose CRC-32 is checked here."""
-    array = np.empty(place.shape, place.dtype) if sink is None else \
-        sink(place.name, place.shape, place.dtype)
-    raw.seek(place.start)
-    crc = zlib.crc32(raw.read(place.header))
-    if place.nbytes:
-        data = memoryview(array.reshape(-1).view(np.uint8))
-        _read_exactly(raw, data, place, path)
-        crc = zlib.crc32(data, crc) if sink is None else place.crc
-    _check(crc, place, path)
-    return array
-
-
-class _Counted:
-    """A file's ``read``, counting the bytes it gave (the .npy header)."""
-
-    def __init__(self, f):
-        self._f, self.count = f, 0
-
-    def read(self, n=-1):
-        data = self._f.read(n)
-        self.count += len(data)
-        return data
-
-
-def remove_partials(path):
-    """Remove what interrupted writers of ``path`` left; their names."""
-    directory, base = os.path.split(path)
-    try:
-        found = os.listdir(directory or ".")
-    except OSError:
-        return []
-    removed = []
-    for name in found:
-        if name.startswith(base + _PARTIAL):
-            _unlink(os.path.join(directory, name))
-            removed.append(name)
-    return removed
-
-
-def _unlink(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _fsync_dir(directory):
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+           "UploadTaskGroupBuilder", "MetadataHandler", "BLOB_NAMES"]
 
 
 # -- the ops a node runs ----------------------------------------------------------
@@ -365,14 +83,10 @@ def load_checkpoint(ctx, path="", names=None):
     given) into this node's global workspace, after verifying all of them;
     a full load also resets the node's list of checkpointed blobs."""
     ws = _workspace(ctx)
-    reserve = getattr(ws._blobs, "reserve", None)
     with ws.lock:
-        # into the shared-memory store's own segments (verified first), or
-        # into new arrays the workspace then keeps
-        manifest, blobs = read_checkpoint(path, names, reserve)
-        if reserve is None:
-            for name, value in blobs.items():
-                ws.set(name, value)
+        # every blob verified, then read straight into the memory the
+        # node's store gives it (its shared-memory segment, say)
+        manifest, _ = read_checkpoint(path, names, ws.store.reserve)
         if names is None:
             ws.set(BLOB_NAMES, np.array([e["name"] for e in
                                          manifest["blobs"]], dtype=str)
@@ -381,6 +95,23 @@ def load_checkpoint(ctx, path="", names=None):
 
 # -- managers -----------------------------------------------------------------------
 
+class MetadataHandler:
+    """Hooks a manager calls about its checkpoints (a database of them,
+    say); subclass and override what you need.  The defaults do nothing
+    and leave ``get_resume_from_epoch_id`` to the manager."""
+
+    def init(self, db_prefix, db_type, node_names, retrieve_from_epoch):
+        """Called by ``manager.init(...)``."""
+
+    def save(self, db_prefix, db_type, node_names, epoch):
+        """Called after every node saved ``epoch``."""
+
+    def get_resume_from_epoch_id(self, user_epoch):
+        """The epoch to resume from, or None to let the manager look at
+        the files."""
+        return None
+
+
 _EPOCH_FILE = re.compile(r"^(?P<node>.+)\.(?P<epoch>\d+)$")
 
 
@@ -388,6 +119,11 @@ class _Manager:
     """What both managers share: files, epochs and the groups they run."""
 
     def __init__(self, db_prefix, db_type="npz", metadata_handler=None):
+        if metadata_handler is not None and \
+                not isinstance(metadata_handler, MetadataHandler):
+            raise PlanError(
+                f"metadata_handler must be a MetadataHandler (subclass it), "
+                f"got {type(metadata_handler).__name__}")
         if db_type != "npz":
             raise PlanError(f"checkpoint db_type {db_type!r} is not "
                             "supported; use 'npz'")
@@ -433,8 +169,7 @@ class _Manager:
         hold: its global workspace now, or the blobs of its checkpoint of
         ``retrieve_from_epoch``.  No file I/O here."""
         self._nodes = self._init_nodes(nodes)
-        if self._metadata_handler is not None and \
-                hasattr(self._metadata_handler, "init"):
+        if self._metadata_handler is not None:
             self._metadata_handler.init(
                 db_prefix=self._db_prefix, db_type=self._db_type,
                 node_names=list(self._nodes),
@@ -488,8 +223,7 @@ class _Manager:
     def report_saved(self, epoch):
         """Tell the metadata handler that ``epoch`` was saved (the runner
         calls this after every successful save)."""
-        if self._metadata_handler is not None and \
-                hasattr(self._metadata_handler, "save"):
+        if self._metadata_handler is not None:
             self._metadata_handler.save(
                 db_prefix=self._db_prefix, db_type=self._db_type,
                 node_names=list(self._checkpointed()), epoch=epoch)
@@ -515,7 +249,7 @@ class _Manager:
             names = os.listdir(self._db_prefix)
         except OSError:
             return []
-        found = (_EPOCH_FILE.match(n) for n in names if _PARTIAL not in n)
+        found = (_EPOCH_FILE.match(n) for n in names if PARTIAL not in n)
         return [{"node": m["node"], "epoch": int(m["epoch"])}
                 for m in found if m]
 
@@ -533,11 +267,13 @@ class _Manager:
     def get_resume_from_epoch_id(self, user_epoch=None):
         """``user_epoch`` if given and valid; else the latest epoch whose
         checkpoint exists and verifies on every node; None if there is
-        none.  A metadata handler with its own answer decides instead."""
-        handler = self._metadata_handler
-        if handler is not None and hasattr(handler,
-                                           "get_resume_from_epoch_id"):
-            return handler.get_resume_from_epoch_id(user_epoch)
+        none.  A metadata handler that answers (not None) decides
+        instead."""
+        if self._metadata_handler is not None:
+            decided = self._metadata_handler.get_resume_from_epoch_id(
+                user_epoch)
+            if decided is not None:
+                return decided
         if user_epoch is not None:
             if self._epoch_valid(user_epoch):
                 return user_epoch

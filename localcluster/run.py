@@ -37,7 +37,7 @@ import psutil
 
 from . import (Job, JobRunner, LocalClusterError, LocalHostScheduler,
                LocalSession, MultiNodeCheckpointManager, TaskOutput, printer)
-from .checkpoint import remove_partials
+from .checkpoint_file import remove_partials
 from .runtime import shm
 
 DEFAULT_JOB = "localcluster.examples.regression:build"
@@ -52,24 +52,22 @@ class UsageError(Exception):
 
 # -- the command line ----------------------------------------------------------------
 
-def _positive(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _at_least(low):
+    """An argparse type: a whole number >= ``low``."""
+    def convert(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a whole number")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    convert.__name__ = f"whole number >= {low}"
+    return convert
 
 
-def _non_negative(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+_positive, _non_negative = _at_least(1), _at_least(0)
 
 
 def _resume(text):

@@ -169,7 +169,7 @@ def _lend(ws, value):
     from localcluster.runtime.executor import _store_lent
     returned = []
     _store_lent(["x"], ((value,), lambda: returned.append(True)), False,
-                ws.set)
+                ws.set, ws)
     assert returned == [True], "the lent memory was not handed back"
 
 

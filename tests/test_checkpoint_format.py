@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from localcluster import CheckpointError
-from localcluster.checkpoint import (read_checkpoint, remove_partials,
-                                     verify_checkpoint, write_checkpoint)
+from localcluster.checkpoint_file import (read_checkpoint,
+                                          remove_partials,
+                                          verify_checkpoint,
+                                          write_checkpoint)
 
 BLOBS = {
     "w": np.arange(12, dtype=np.float32).reshape(3, 4),

@@ -310,3 +310,33 @@ def test_resuming_from_an_epoch_never_saved_names_the_latest(session,
                                               "epoch is 4"):
         JobRunner(job, MultiNodeCheckpointManager(str(tmp_path)),
                   resume_from_epoch=9).train(session)
+
+
+def test_a_metadata_handler_hears_of_every_save_and_may_pick_the_epoch(
+        session, tmp_path):
+    from localcluster import MetadataHandler
+
+    class Recorder(MetadataHandler):
+        def __init__(self):
+            self.saved, self.inits = [], []
+
+        def init(self, db_prefix, db_type, node_names, retrieve_from_epoch):
+            self.inits.append((node_names, retrieve_from_epoch))
+
+        def save(self, db_prefix, db_type, node_names, epoch):
+            self.saved.append(epoch)
+
+        def get_resume_from_epoch_id(self, user_epoch):
+            return 2 if self.saved else None
+
+    handler = Recorder()
+    checkpoint = MultiNodeCheckpointManager(str(tmp_path),
+                                            metadata_handler=handler)
+    assert checkpoint.get_resume_from_epoch_id() is None  # no opinion yet
+    job, _ = build_job()
+    JobRunner(job, checkpoint).train(session)
+    assert handler.saved == [0, 1, 2, 3, 4]
+    assert handler.inits == [(["trainer_0"], None)]
+    assert checkpoint.get_resume_from_epoch_id() == 2
+    with pytest.raises(PlanError, match="MetadataHandler"):
+        MultiNodeCheckpointManager(str(tmp_path), metadata_handler=object())

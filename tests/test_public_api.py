@@ -13,7 +13,7 @@ EXPECTED = {
     "CounterReader", "Queue", "pipe", "pipe_and_output", "Output",
     "Job", "JobRunner", "epoch_limiter", "EpochReport", "TrainResult",
     "CheckpointManager", "MultiNodeCheckpointManager",
-    "UploadTaskGroupBuilder",
+    "UploadTaskGroupBuilder", "MetadataHandler",
     "Session", "LocalSession", "LocalHostScheduler",
     "LocalClusterError", "PlanError", "TaskFailedError", "NodeFailedError",
     "CheckpointError", "CheckpointWarning", "SessionClosedError", "RunTimeoutError",

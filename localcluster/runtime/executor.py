@@ -149,7 +149,8 @@ def _run_net(net, code, get, put, ws, rc, task, step):
             enumerate(code):
         try:
             if lock is _LENDS:
-                _store_lent(outputs, kernel(*map(get, inputs)), lenient, put)
+                _store_lent(outputs, kernel(*map(get, inputs)), lenient, put,
+                            ws)
                 continue
             if lock is not None:
                 with lock:
@@ -204,18 +205,17 @@ def _store(outputs, result, lenient, put):
 _LENDS = object()
 
 
-def _store_lent(outputs, lent, lenient, put):
+def _store_lent(outputs, lent, lenient, put, ws):
     """Store what a lending op returned -- ``(outputs, done)`` -- copying
     the outputs (the shared-memory store of a node's global workspace
     copies anyway), then hand the memory back."""
     result, done = lent
     try:
-        owner = getattr(put, "__self__", None)
-        if done is None or getattr(owner, "copies", False):
+        if done is None or (ws.parent is None and ws.store.copies):
             _store(outputs, result, lenient, put)
         else:
             for name, value in zip(outputs, result):
-                _put_copy(owner, name, value)
+                _put_copy(ws, name, value)
     finally:
         if done is not None:
             done()

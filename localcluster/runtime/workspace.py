@@ -17,6 +17,8 @@ atomic across the node's threads.
 
 import threading
 
+import numpy as np
+
 from ..errors import BlobNotFoundError
 
 __all__ = ["Workspace", "DictStore"]
@@ -25,7 +27,16 @@ __all__ = ["Workspace", "DictStore"]
 class DictStore(dict):
     """The default store: arrays kept as they are, in a dict."""
 
+    #: `put` keeps the array it is given (the shared-memory store copies)
+    copies = False
     put = dict.__setitem__
+
+    def reserve(self, name, shape, dtype):
+        """A new array of ``shape``/``dtype`` held as ``name``, for the
+        caller to fill."""
+        array = np.empty(shape, dtype)
+        self[name] = array
+        return array
 
 
 class Workspace:
@@ -40,6 +51,15 @@ class Workspace:
     def __repr__(self):
         kind = "child of " + repr(self.parent) if self.parent else "global"
         return f"Workspace({self.node!r}, {len(self._blobs)} blobs, {kind})"
+
+    @property
+    def store(self):
+        """Where the root workspace keeps its arrays (`DictStore`, or the
+        node's shared-memory `ShmStore`)."""
+        ws = self
+        while ws.parent is not None:
+            ws = ws.parent
+        return ws._blobs
 
     def child(self):
         return Workspace(self.node, parent=self)

@@ -1,0 +1,308 @@
+"""The checkpoint file: one node's blobs of one epoch, on disk.
+
+An uncompressed ``.npz`` -- ``np.load(path)`` opens it -- holding one
+``<blob>.npy`` member per blob and a ``__manifest__.json`` member, written
+last, with every blob's name, dtype, shape, size and CRC-32.  No pickle
+anywhere: object arrays are runtime-only and never checkpointed.
+
+``write_checkpoint`` writes to ``<path>.partial-<pid>``, fsyncs, renames
+over ``path`` and fsyncs the directory, so a reader sees a whole file or
+none.  ``read_checkpoint`` checks the structure, the manifest and every
+member's CRC-32 before a blob reaches its caller (with a ``sink``, before
+the first byte is written into the caller's memory): a torn or corrupted
+file is a `CheckpointError` naming it, never half-read.  Data is read
+straight from the file into the destination array (one copy; zipfile's
+own member reader would buffer it).
+
+Pure file I/O: the ops and managers of `localcluster.checkpoint` call it,
+in whichever process runs them.
+"""
+
+import json
+import os
+import struct
+import zipfile
+import zlib
+
+import numpy as np
+
+from .errors import CheckpointError
+
+__all__ = ["BLOB_NAMES", "checkpointable", "write_checkpoint",
+           "read_checkpoint", "verify_checkpoint", "read_manifest",
+           "remove_partials", "PARTIAL"]
+
+#: the blob (on every checkpointed node) listing what its checkpoint holds
+BLOB_NAMES = "__checkpoint__/blob_names"
+MANIFEST = "__manifest__.json"
+FORMAT = "localcluster-checkpoint"
+#: what marks a file being written (``<path><PARTIAL><pid>``)
+PARTIAL = ".partial-"
+_CHUNK = 1 << 20
+
+
+def checkpointable(name, value):
+    """Whether blob ``name`` holding ``value`` goes into checkpoints."""
+    return (isinstance(value, np.ndarray) and not value.dtype.hasobject
+            and name != BLOB_NAMES)
+
+
+def write_checkpoint(path, blobs, meta=None):
+    """Write ``{name: array}`` to ``path`` atomically (see the module
+    docstring); returns the manifest.  Nothing is left at ``path`` or
+    beside it if writing fails."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    remove_partials(path)
+    tmp = f"{path}{PARTIAL}{os.getpid()}"
+    entries = []
+    try:
+        with open(tmp, "wb") as f:
+            with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED,
+                                 allowZip64=True) as zf:
+                for name, value in blobs.items():
+                    entries.append(_write_member(zf, name, value))
+                manifest = dict(meta or {}, format=FORMAT, version=1,
+                                blobs=entries)
+                zf.writestr(MANIFEST, json.dumps(manifest, indent=1))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+    _fsync_dir(directory)
+    return manifest
+
+
+def _write_member(zf, name, value):
+    # (not np.ascontiguousarray: it makes a 0-d array 1-d)
+    array = value if value.flags.c_contiguous else value.copy(order="C")
+    header = np.lib.format.header_data_from_array_1_0(array)
+    with zf.open(name + ".npy", "w", force_zip64=True) as member:
+        np.lib.format.write_array_header_2_0(member, header)
+        if array.nbytes:
+            member.write(memoryview(array.reshape(-1).view(np.uint8)))
+    info = zf.getinfo(name + ".npy")
+    return {"name": name, "member": info.filename, "dtype": array.dtype.str,
+            "shape": list(array.shape), "nbytes": int(array.nbytes),
+            "crc32": info.CRC}
+
+
+def read_checkpoint(path, names=None, sink=None):
+    """``(manifest, {name: array})`` of the checkpoint at ``path``, every
+    member verified first; only ``names`` if given (names it lacks are
+    skipped).  Raises `CheckpointError` naming the file if it is missing,
+    torn or corrupted.
+
+    ``sink(name, shape, dtype)``, if given, returns the array each blob is
+    read into (a workspace's own memory, say): then every member is
+    verified before the first byte is written there."""
+    blobs = {}
+    manifest = _scan(path, names, blobs, sink)
+    return manifest, blobs
+
+
+def verify_checkpoint(path):
+    """The manifest of the checkpoint at ``path`` after reading every byte
+    of it and checking every checksum; `CheckpointError` if it fails."""
+    return _scan(path, None, None, None)
+
+
+def read_manifest(path):
+    """The manifest alone (structure checked, data not read)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return _manifest(zf, path)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- see _scan
+        raise _corrupt(path, exc) from exc
+
+
+def _scan(path, names, out, sink):
+    wanted = None if names is None else set(map(str, names))
+    try:
+        with zipfile.ZipFile(path) as zf, open(path, "rb",
+                                               buffering=0) as raw:
+            manifest = _manifest(zf, path)
+            entries = [e for e in manifest["blobs"]
+                       if wanted is None or e["name"] in wanted]
+            places = [_locate(zf, raw, e, path) for e in entries]
+            if out is None or sink is not None:
+                # every checksum first: nothing reaches a sink unverified
+                buffer = memoryview(bytearray(_CHUNK))
+                for place in places:
+                    _verify(raw, place, path, buffer)
+            if out is not None:
+                for place in places:
+                    out[place.name] = _fill(raw, place, path, sink)
+            return manifest
+    except CheckpointError:
+        raise
+    except FileNotFoundError as exc:
+        raise CheckpointError(
+            f"checkpoint {path} does not exist: check the db_prefix and the "
+            "epoch (get_resume_from_epoch_id() gives the latest complete "
+            "one)") from exc
+    except Exception as exc:  # noqa: BLE001 -- whatever a damaged file
+        raise _corrupt(path, exc) from exc  # makes the parsers raise
+
+
+def _corrupt(path, exc):
+    return CheckpointError(
+        f"checkpoint {path} is torn or corrupted ({type(exc).__name__}: "
+        f"{exc}); it was not loaded -- resume from an earlier epoch "
+        "(get_resume_from_epoch_id() skips broken ones)")
+
+
+def _manifest(zf, path):
+    manifest = json.loads(zf.read(MANIFEST))  # zipfile checks its CRC
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path} has no localcluster "
+                              "manifest; it was not written by localcluster")
+    members = {info.filename: info for info in zf.infolist()}
+    for entry in manifest["blobs"]:
+        info = members.get(entry["member"])
+        if info is None or info.CRC != entry["crc32"]:
+            raise CheckpointError(
+                f"checkpoint {path}: blob {entry['name']!r} does not match "
+                "the manifest (torn or corrupted file); it was not loaded")
+    return manifest
+
+
+class _Place:
+    """Where a blob's bytes are in a checkpoint file, and what they are."""
+
+    __slots__ = ("name", "start", "header", "shape", "dtype", "nbytes",
+                 "crc")
+
+    def __init__(self, name, start, header, shape, dtype, nbytes, crc):
+        self.name, self.start, self.header = name, start, header
+        self.shape, self.dtype, self.nbytes, self.crc = \
+            shape, dtype, nbytes, crc
+
+
+def _locate(zf, raw, entry, path):
+    """The `_Place` of manifest ``entry``, its headers checked against the
+    manifest (the data is read later, straight from the file)."""
+    info = zf.getinfo(entry["member"])
+    if info.compress_type != zipfile.ZIP_STORED or \
+            info.compress_size != info.file_size:
+        raise CheckpointError(f"checkpoint {path}: blob {entry['name']!r} "
+                              "is not stored as written")
+    raw.seek(info.header_offset)
+    local = raw.read(30)
+    if len(local) != 30 or local[:4] != b"PK\x03\x04":
+        raise CheckpointError(f"checkpoint {path}: blob {entry['name']!r} "
+                              "has no valid local header")
+    name_len, extra_len = struct.unpack("<HH", local[26:30])
+    if raw.read(name_len).decode("utf-8", "replace") != info.filename:
+        raise CheckpointError(f"checkpoint {path}: blob {entry['name']!r} "
+                              "has a local header of another member")
+    start = info.header_offset + 30 + name_len + extra_len
+    raw.seek(start)
+    reader = _Counted(raw)
+    version = np.lib.format.read_magic(reader)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, fortran, dtype = read_header(reader, max_header_size=100000)
+    if dtype.hasobject or fortran or list(shape) != entry["shape"] or \
+            dtype.str != entry["dtype"] or \
+            reader.count + entry["nbytes"] != info.file_size:
+        raise CheckpointError(
+            f"checkpoint {path}: blob {entry['name']!r} has a header that "
+            "does not match the manifest; it was not loaded")
+    return _Place(entry["name"], start, reader.count, shape, dtype,
+                  entry["nbytes"], info.CRC)
+
+
+def _read_exactly(raw, view, place, path):
+    got = 0
+    while got < len(view):
+        more = raw.readinto(view[got:])
+        if not more:
+            raise CheckpointError(
+                f"checkpoint {path}: blob {place.name!r} is cut short")
+        got += more
+
+
+def _check(crc, place, path):
+    if crc != place.crc:
+        raise CheckpointError(
+            f"checkpoint {path}: blob {place.name!r} fails its CRC-32 check "
+            "(corrupted); it was not loaded")
+
+
+def _verify(raw, place, path, buffer):
+    """Check ``place``'s CRC-32, reading through ``buffer``."""
+    raw.seek(place.start)
+    crc, left = 0, place.header + place.nbytes
+    while left:
+        chunk = buffer[:min(left, len(buffer))]
+        _read_exactly(raw, chunk, place, path)
+        crc = zlib.crc32(chunk, crc)
+        left -= len(chunk)
+    _check(crc, place, path)
+
+
+def _fill(raw, place, path, sink):
+    """Read ``place`` into ``sink(...)``'s array (verified already), or into
+    a new array whose CRC-32 is checked here."""
+    array = np.empty(place.shape, place.dtype) if sink is None else \
+        sink(place.name, place.shape, place.dtype)
+    raw.seek(place.start)
+    crc = zlib.crc32(raw.read(place.header))
+    if place.nbytes:
+        data = memoryview(array.reshape(-1).view(np.uint8))
+        _read_exactly(raw, data, place, path)
+        crc = zlib.crc32(data, crc) if sink is None else place.crc
+    _check(crc, place, path)
+    return array
+
+
+class _Counted:
+    """A file's ``read``, counting the bytes it gave (the .npy header)."""
+
+    def __init__(self, f):
+        self._f, self.count = f, 0
+
+    def read(self, n=-1):
+        data = self._f.read(n)
+        self.count += len(data)
+        return data
+
+
+def remove_partials(path):
+    """Remove what interrupted writers of ``path`` left; their names."""
+    directory, base = os.path.split(path)
+    try:
+        found = os.listdir(directory or ".")
+    except OSError:
+        return []
+    removed = []
+    for name in found:
+        if name.startswith(base + PARTIAL):
+            _unlink(os.path.join(directory, name))
+            removed.append(name)
+    return removed
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _fsync_dir(directory):
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
