@@ -76,12 +76,12 @@ def test_a_reset_channel_is_empty_and_open_again(parts):
 
 
 def test_a_queue_kept_up_with_reuses_the_slot_freed_last(parts):
-    """Records cycle through the slots that are in use, not through all
-    ``capacity`` of them: the memory stays in the CPU's caches."""
+    """Big records cycle through the slots that are in use, not through
+    all ``capacity`` of them: the memory stays in the CPU's caches."""
     channel = ShmChannel(parts.desc)
     try:
         for i in range(3 * parts.capacity):
-            assert channel.put((np.full(1000, i),))
+            assert channel.put((np.full(1 << 14, i),))  # 128 KiB
             (record,), _, done = channel.get(1)
             assert record[0][0] == i
             done()

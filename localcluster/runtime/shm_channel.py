@@ -53,7 +53,8 @@ from ..errors import PlanError
 __all__ = ["ChannelParts", "ShmChannel", "MAX_CAPACITY"]
 
 # The control segment is int64 words: closed, tail, head, capacity, then
-# one generation per slot, then the order ring (slot id per position).
+# one generation per slot, the order ring (slot id per position), and one
+# layout stamp per slot (bumped when the producer writes a new layout).
 # Words are read and written one aligned 8-byte access each (a memoryview
 # of format "q"), never with struct.pack_into, which zeroes the field
 # before writing it (a reader could see 0).
@@ -63,7 +64,9 @@ _ALIGN = 64
 #: free tokens are slot ids, 2 bytes each; the FIFO holds 64 KiB
 MAX_CAPACITY = 16384
 _WAKE = 0xFFFF                # a free token that is no slot: close()'s
-_WAKE_TOKEN = struct.pack("<H", _WAKE)
+_WAKE_TOKEN = array.array("H", [_WAKE]).tobytes()
+#: a record at least this big makes the producer reuse the slot freed last
+_BIG = 64 << 10
 
 
 def _fifo(path):
@@ -79,8 +82,11 @@ def _read_all(fd, count):
 
 
 def _words(buffer, capacity):
-    return memoryview(buffer).cast("B")[:8 * (_GENERATIONS + 2 * capacity)] \
-        .cast("q")
+    return memoryview(buffer).cast("B")[:_control_size(capacity)].cast("q")
+
+
+def _control_size(capacity):
+    return 8 * (_GENERATIONS + 3 * capacity)
 
 
 class ChannelParts:
@@ -107,8 +113,8 @@ class ChannelParts:
         self._fds = []
         self._words = None
         try:
-            self._control = shm.create_segment(
-                prefix + "ctl", 8 * (_GENERATIONS + 2 * capacity))
+            self._control = shm.create_segment(prefix + "ctl",
+                                               _control_size(capacity))
             self._words = _words(self._control, capacity)
             for kind in ("free", "full"):
                 path = os.path.join(shm.SHM_DIR, prefix + kind)
@@ -121,6 +127,8 @@ class ChannelParts:
 
     def reset(self):
         """Empty and open, every slot free (nodes idle)."""
+        # (slot generations and layout stamps stay: the nodes keep their
+        # slot segments and views across runs)
         for index, value in enumerate((0, 0, 0, self.capacity)):
             self._words[index] = value
         for fd in self._fds:
@@ -129,7 +137,7 @@ class ChannelParts:
                     pass
             except BlockingIOError:
                 pass
-        os.write(self._fds[0], np.arange(self.capacity, dtype="<u2")
+        os.write(self._fds[0], array.array("H", range(self.capacity))
                  .tobytes())
 
     def close(self):
@@ -151,13 +159,15 @@ class ShmChannel:
         self._control = shm.map_segment(desc["control"], writable=True)
         self._words = _words(self._control, self.capacity)
         self._ring = _GENERATIONS + self.capacity
+        self._stamps = _GENERATIONS + 2 * self.capacity
         self._free = _fifo(os.path.join(shm.SHM_DIR, self.prefix + "free"))
         self._full = _fifo(os.path.join(shm.SHM_DIR, self.prefix + "full"))
         self._lock = threading.Lock()
         self._count = array.array("i", [0])   # FIONREAD's, under the lock
         self._slots = {}      # slot -> (generation, mmap)
-        self._views = {}      # slot -> (generation, layout, views): writing
-        self._rviews = {}     # slot -> (generation, layout bytes, views)
+        self._views = {}      # slot -> (generation, views): writing
+        self._rviews = {}     # slot -> (generation, stamp, views): reading
+        self._big = False     # the last record was big: reuse hot slots
         self.begin()
 
     def begin(self):
@@ -183,20 +193,22 @@ class ShmChannel:
     # -- producer -----------------------------------------------------------
 
     def _take_slot(self, cancelled):
-        """A free slot id, the one freed last; None once the queue closed."""
-        words, lock = self._words, self._lock
+        """A free slot id -- for big records the one freed last, which is
+        still in the CPU's caches -- or None once the queue closed."""
+        words, lock, pool = self._words, self._lock, self._pool
         while True:
             if words[_CLOSED]:
                 return None
             with lock:
-                # the slots freed since the last put, the newest last
-                data = _read_all(self._free, self._count)
-                if data:
-                    self._pool.extend(
-                        slot for slot in np.frombuffer(data, "<u2").tolist()
-                        if slot != _WAKE)
-                if self._pool:
-                    return self._pool.pop()
+                if not pool or self._big:
+                    # the slots freed since the last look, the newest last
+                    data = _read_all(self._free, self._count)
+                    if data:
+                        pool.extend(slot for slot in
+                                    array.array("H", data).tolist()
+                                    if slot != _WAKE)
+                if pool:
+                    return pool.pop()
             self._wait(self._free, cancelled)
 
     def put(self, record, cancelled=None):
@@ -226,12 +238,17 @@ class ShmChannel:
         """Views on ``slot`` for a record like ``record`` (producer side),
         the layout written; the slot's segment is replaced if too small.
         Kept while records keep their layout: most queues carry one."""
-        key = tuple((a.dtype.str, a.shape) for a in record)
         generation = self._words[_GENERATIONS + slot]
         cached = self._views.get(slot)
-        if cached is not None and cached[0] == generation and \
-                cached[1] == key:
-            return cached[2]
+        if cached is not None and cached[0] == generation:
+            views = cached[1]
+            if len(views) == len(record):
+                for view, a in zip(views, record):
+                    if view.dtype != a.dtype or view.shape != a.shape:
+                        break
+                else:
+                    return views
+        key = tuple((a.dtype.str, a.shape) for a in record)
         meta = pickle.dumps(key)
         offsets, size = [], 8 + len(meta)
         for dtype, shape in key:
@@ -251,9 +268,12 @@ class ShmChannel:
             mm = mapped[1]
         struct.pack_into("q", mm, 0, len(meta))
         mm[8:8 + len(meta)] = meta
+        # a new layout: the consumer's views on this slot are stale
+        self._words[self._stamps + slot] += 1
         views = [np.ndarray(shape, np.dtype(dtype), buffer=mm, offset=offset)
                  for (dtype, shape), offset in zip(key, offsets)]
-        self._views[slot] = (generation, key, views)
+        self._views[slot] = (generation, views)
+        self._big = size >= _BIG
         return views
 
     # -- consumer -----------------------------------------------------------
@@ -281,8 +301,7 @@ class ShmChannel:
 
     def _release(self, slots):
         if slots:
-            self._post(self._free,
-                       np.asarray(slots, dtype="<u2").tobytes())
+            self._post(self._free, array.array("H", slots).tobytes())
 
     def _take_record(self, cancelled):
         """The slot of the next record; None once the queue is closed and
@@ -311,24 +330,26 @@ class ShmChannel:
 
     def _reader_views(self, slot):
         """Views on ``slot`` for the record in it (consumer side), kept
-        while the producer keeps writing that slot with the same layout."""
-        generation = self._words[_GENERATIONS + slot]
-        mm = self._map(slot, generation)
-        (meta_len,) = struct.unpack_from("q", mm, 0)
-        raw = mm[8:8 + meta_len]
+        while the producer keeps writing that slot with the same layout
+        (its generation and layout stamp unchanged)."""
+        words = self._words
+        generation = words[_GENERATIONS + slot]
+        stamp = words[self._stamps + slot]
         cached = self._rviews.get(slot)
         if cached is not None and cached[0] == generation and \
-                cached[1] == raw:
+                cached[1] == stamp:
             return cached[2]
+        mm = self._map(slot, generation)
+        (meta_len,) = struct.unpack_from("q", mm, 0)
         offset, views = 8 + meta_len, []
-        for dtype, shape in pickle.loads(raw):
+        for dtype, shape in pickle.loads(mm[8:8 + meta_len]):
             offset = -(-offset // _ALIGN) * _ALIGN
             view = np.ndarray(shape, np.dtype(dtype), buffer=mm,
                               offset=offset)
             views.append(view)
             offset += view.nbytes
         views = tuple(views)
-        self._rviews[slot] = (generation, raw, views)
+        self._rviews[slot] = (generation, stamp, views)
         return views
 
     # -- both ---------------------------------------------------------------
