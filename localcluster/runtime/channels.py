@@ -96,6 +96,9 @@ class ChannelHub:
         self._aborted = False
 
     def channel(self, queue_id, capacity):
+        found = self._channels.get(queue_id)  # made already: no lock needed
+        if found is not None:
+            return found
         with self._lock:
             found = self._channels.get(queue_id)
             if found is None:

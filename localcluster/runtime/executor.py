@@ -102,9 +102,12 @@ class RunContext:
                 node=self.node, op_type=op.type)
         kernel = schema.fast if (schema.fast is not None and not op.args) \
             else schema.kernel
+        # one partial, not two: a call through a partial of a partial
+        # merges its keywords twice
         if schema.context:
-            kernel = functools.partial(kernel, self.op_context.for_op(op))
-        if op.args:
+            kernel = functools.partial(kernel, self.op_context.for_op(op),
+                                       **op.args)
+        elif op.args:
             kernel = functools.partial(kernel, **op.args)
         # A Python op may return None to leave its outputs unwritten.
         lenient = op.type == "Python"
