@@ -27,16 +27,14 @@ import json
 import logging
 import os
 import shlex
+import signal
 import sys
 import tempfile
-import threading
 import time
-
-import numpy as np
-import psutil
 
 from . import (Job, JobRunner, LocalClusterError, LocalHostScheduler,
                LocalSession, MultiNodeCheckpointManager, TaskOutput, printer)
+from ._runreport import Progress, Usage, chrome_trace, mib, scalar
 from .checkpoint_file import remove_partials
 from .runtime import shm
 
@@ -48,6 +46,10 @@ log = logging.getLogger("localcluster.run")
 
 class UsageError(Exception):
     """A bad command line: exit 2 with argparse's message."""
+
+
+class JobBuildError(Exception):
+    """The job function failed: exit 1 with one line."""
 
 
 # -- the command line ----------------------------------------------------------------
@@ -173,7 +175,14 @@ def build_job(builder, args, embedded):
         log.warning("the job function takes no %s; ignored",
                     ", ".join(f"--{k}" for k in unused))
     kwargs = {k: v for k, v in given.items() if k in params or takes_all}
-    result = builder(**kwargs)
+    name = getattr(builder, "__qualname__", repr(builder))
+    try:
+        result = builder(**kwargs)
+    except Exception as exc:
+        raise JobBuildError(f"the job function {name} failed: "
+                            f"{type(exc).__name__}: {_first_line(exc)} "
+                            "(--log-level DEBUG shows the traceback)") \
+            from exc
     job, options = (result if isinstance(result, tuple) and len(result) == 2
                     else (result, {}))
     if not isinstance(job, Job):
@@ -195,168 +204,38 @@ def job_nodes(job):
     return nodes
 
 
-# -- watching the nodes --------------------------------------------------------------
-
-def _peak_rss(pid):
-    """Peak resident set size of ``pid`` in bytes (Linux VmHWM), or None."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-class Usage:
-    """CPU and memory of every node process, sampled after each epoch."""
-
-    def __init__(self, session, nodes):
-        self.session, self.nodes = session, nodes
-        self._last = {}          # node -> (pid, cpu seconds, wall time)
-        self.cpu_seconds = {n: 0.0 for n in nodes}
-        self.peak_rss = {n: 0 for n in nodes}
-
-    def _pids(self):
-        if isinstance(self.session, LocalHostScheduler):
-            return self.session.node_pids()
-        return {node: os.getpid() for node in self.nodes}
-
-    def sample(self):
-        """``{node: {"cpu_percent", "rss_bytes"}}`` since the last sample."""
-        now, out = time.monotonic(), {}
-        for node, pid in self._pids().items():
-            try:
-                proc = psutil.Process(pid)
-                times = proc.cpu_times()
-                cpu = times.user + times.system
-                rss = proc.memory_info().rss
-            except psutil.Error:
-                continue
-            last_pid, last_cpu, last_time = self._last.get(
-                node, (None, 0.0, None))
-            if last_pid != pid:  # new (or restarted): since it started
-                last_cpu, last_time = 0.0, _started(proc, now)
-            spent = cpu - last_cpu
-            self.cpu_seconds[node] = self.cpu_seconds.get(node, 0.0) + spent
-            self.peak_rss[node] = max(self.peak_rss.get(node, 0),
-                                      _peak_rss(pid) or rss)
-            wall = None if last_time is None else now - last_time
-            out[node] = {"cpu_percent": (round(100 * spent / wall, 1)
-                                         if wall else None),
-                         "rss_bytes": rss}
-            self._last[node] = (pid, cpu, now)
-        return out
-
-
-def _started(proc, now):
-    """``proc``'s start on the time.monotonic clock (None if unknown)."""
-    try:
-        return now - max(0.0, time.time() - proc.create_time())
-    except psutil.Error:
-        return None
-
-
-def _scalar(value):
-    array = np.asarray(value, dtype=float)
-    return float(array.ravel()[0]) if array.size == 1 else \
-        float(array.mean())
-
-
-def _mib(n):
-    return f"{n / (1 << 20):.0f}M"
-
-
-class Progress:
-    """What the run prints: a header, a line per epoch, a live line on a
-    terminal, and the summary (to stderr under ``--json``)."""
-
-    def __init__(self, out, live):
-        self.out, self.live = out, live
-        self._status, self._lock = "", threading.Lock()
-        self._stop = threading.Event()
-        self._thread = None
-
-    def line(self, text):
-        with self._lock:
-            if self._status:
-                self.out.write("\r\033[K")
-                self._status = ""
-            self.out.write(text + "\n")
-            self.out.flush()
-
-    def start_live(self, what):
-        if not self.live:
-            return
-        started = time.monotonic()
-
-        def tick():
-            while not self._stop.wait(0.25):
-                with self._lock:
-                    self._status = (f"  {what()} ... "
-                                    f"{time.monotonic() - started:.1f} s")
-                    self.out.write("\r\033[K" + self._status)
-                    self.out.flush()
-        self._thread = threading.Thread(target=tick, daemon=True)
-        self._thread.start()
-
-    def stop_live(self):
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(1)
-        with self._lock:
-            if self._status:
-                self.out.write("\r\033[K")
-                self.out.flush()
-                self._status = ""
-
-
-# -- the trace -------------------------------------------------------------------------
-
-def chrome_trace(nodes, epochs, saves):
-    """Chrome trace-event JSON: the runner and every node a process (a
-    track); epochs and checkpoints on the runner's, each node's part of an
-    epoch and its steps (a thread per executor thread) on the node's."""
-    pids = {"runner": 0, **{node: i + 1 for i, node in enumerate(nodes)}}
-    events = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-               "args": {"name": name}} for name, pid in pids.items()]
-    tids = {}
-
-    def tid(node, thread):
-        key = (node, thread)
-        if key not in tids:
-            tids[key] = len([k for k in tids if k[0] == node]) + 1
-            events.append({"ph": "M", "name": "thread_name",
-                           "pid": pids[node], "tid": tids[key],
-                           "args": {"name": thread}})
-        return tids[key]
-
-    def span(name, cat, pid, thread_id, start, seconds, args=None):
-        events.append({"name": name, "cat": cat, "ph": "X", "pid": pid,
-                       "tid": thread_id, "ts": round(start * 1e6, 1),
-                       "dur": round(max(seconds, 0) * 1e6, 1),
-                       "args": args or {}})
-
-    for report in epochs:
-        span(f"epoch {report.epoch}", "epoch", 0, 0, report.started,
-             report.seconds, {"stopped": report.stopped})
-        for node, seconds in report.node_seconds.items():
-            if node in pids:
-                span(f"epoch {report.epoch}", "task", pids[node], 0,
-                     report.started, seconds)
-        for node, spans in (report.trace or {}).items():
-            if node not in pids:
-                continue
-            for name, task, thread, start, end in spans:
-                span(name, "step", pids[node], tid(node, thread), start,
-                     end - start, {"task": task})
-    for epoch, started, seconds in saves:
-        span(f"checkpoint {epoch}", "checkpoint", 0, 0, started, seconds)
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
-
-
 # -- running ---------------------------------------------------------------------------
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP: stopped like Ctrl-C (every node stopped, the
+    last checkpoint kept), then exit 128 + the signal number."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop_on(signum, frame):
+    raise Interrupted(signum)
+
+
+class _QuietSignals:
+    """While cleaning up after an interrupt, a second Ctrl-C (or SIGTERM)
+    must not cut the cleanup short: ignore them, then restore."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __enter__(self):
+        self._old = [signal.signal(s, signal.SIG_IGN) for s in self.SIGNALS]
+
+    def __exit__(self, *exc):
+        for s, old in zip(self.SIGNALS, self._old):
+            signal.signal(s, old)
+
+
+def _exit_status(exc):
+    return 128 + exc.signum if isinstance(exc, Interrupted) else 130
+
 
 def _first_line(exc):
     text = str(exc).strip().splitlines()
@@ -364,15 +243,13 @@ def _first_line(exc):
 
 
 def _resume_hint(args, checkpoint_dir):
+    """The command that resumes: the job's options come back from the
+    checkpoint directory's run file, so only the run's own are repeated."""
     parts = []
-    if args.job:
-        parts += ["--job", args.job]
-    for option in JOB_OPTIONS:
-        value = getattr(args, option)
-        if value is not None:
-            parts += [f"--{option}", str(value)]
     if args.session != "localhost":
         parts += ["--session", args.session]
+    if args.max_restarts:
+        parts += ["--max-restarts", str(args.max_restarts)]
     parts += ["--checkpoint-dir", checkpoint_dir, "--resume"]
     return "python -m localcluster.run " + " ".join(shlex.quote(p)
                                                    for p in parts)
@@ -391,9 +268,13 @@ def _remove_all_partials(directory):
     return removed
 
 
-def cleanup(out):
+def cleanup(out, as_json):
     removed = shm.sweep_stale()
-    if removed:
+    if as_json:
+        json.dump({"removed": [f"/dev/shm/{n}" for n in removed]},
+                  sys.stdout)
+        sys.stdout.write("\n")
+    elif removed:
         out.write(f"removed {len(removed)} stale shared-memory segment(s) "
                   "of runs that are gone:\n")
         for name in removed:
@@ -403,6 +284,79 @@ def cleanup(out):
     return 0
 
 
+# -- the options a checkpoint directory was made with --------------------------------
+
+RUN_FILE = "localcluster-run.json"
+
+
+def _saved_options(directory):
+    try:
+        with open(os.path.join(directory, RUN_FILE)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _save_options(directory, args):
+    saved = {"job": args.job or DEFAULT_JOB,
+             **{k: getattr(args, k) for k in JOB_OPTIONS}}
+    tmp = os.path.join(directory, RUN_FILE + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(saved, f, indent=1)
+    os.replace(tmp, os.path.join(directory, RUN_FILE))
+
+
+def _restore_options(args, saved, directory):
+    """Fill the job options the resumed run was not given from ``saved``;
+    a different value is a usage error (the checkpoints hold that job)."""
+    given_job = args.job or DEFAULT_JOB
+    if args.job is not None and saved.get("job") not in (None, given_job):
+        raise UsageError(
+            f"--job {args.job} is not the job the checkpoints under "
+            f"{directory} were made by ({saved['job']}); drop --job to "
+            "resume it, or start over in a new --checkpoint-dir")
+    if args.job is None and saved.get("job") != DEFAULT_JOB:
+        args.job = saved.get("job")
+    for key in JOB_OPTIONS:
+        given, then = getattr(args, key), saved.get(key)
+        if given is None:
+            setattr(args, key, then)
+        elif then is not None and given != then:
+            raise UsageError(
+                f"--{key} {given} differs from the --{key} {then} the "
+                f"checkpoints under {directory} were made with; drop it to "
+                "resume, or start over in a new --checkpoint-dir")
+
+
+# -- checks before anything runs -------------------------------------------------------
+
+def _check_paths(args):
+    """Fail now, not after training, on a checkpoint directory or a trace
+    file that cannot be written."""
+    directory = args.checkpoint_dir
+    if directory is not None:
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise UsageError(f"--checkpoint-dir {directory} is not a "
+                             "directory")
+        if args.resume is not None and not os.path.isdir(directory):
+            raise UsageError(f"--checkpoint-dir {directory} does not exist: "
+                             "nothing to resume")
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--checkpoint-dir {directory} cannot be "
+                             f"made: {exc.strerror}") from exc
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise UsageError(f"--checkpoint-dir {directory} is not "
+                             "writable")
+    if args.trace is not None:
+        parent = os.path.dirname(os.path.abspath(args.trace))
+        if os.path.isdir(args.trace) or not os.path.isdir(parent) or \
+                not os.access(parent, os.W_OK):
+            raise UsageError(f"--trace {args.trace} cannot be written (is "
+                             "its directory there and writable?)")
+
+
 def main(argv=None):
     p = parser()
     args = p.parse_args(argv)
@@ -410,38 +364,72 @@ def main(argv=None):
                         format="%(levelname)s %(name)s: %(message)s")
     out = sys.stderr if args.json else sys.stdout
     if args.cleanup:
-        return cleanup(out)
+        return cleanup(out, args.json)
     if args.resume is not None and args.checkpoint_dir is None:
         p.error("--resume needs --checkpoint-dir (where the checkpoints are)")
-    embedded = args.job is None
+    old = {s: signal.signal(s, _stop_on)
+           for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        builder = load_builder(args.job or DEFAULT_JOB)
-        job, options = build_job(builder, args, embedded)
-    except UsageError as exc:
-        p.error(str(exc))
-    if args.print_plan:
-        print(printer.to_string(job))
-        return 0
-    return train(args, job, options, out)
+        try:
+            _check_paths(args)
+            if args.resume is not None:
+                saved = _saved_options(args.checkpoint_dir)
+                if saved is not None:
+                    _restore_options(args, saved, args.checkpoint_dir)
+            builder = load_builder(args.job or DEFAULT_JOB)
+            job, options = build_job(builder, args, args.job is None)
+        except UsageError as exc:
+            p.error(str(exc))
+        except JobBuildError as exc:
+            log.debug("the job function failed", exc_info=True)
+            sys.stderr.write(f"error: {exc}\n")
+            return 1
+        if args.print_plan:
+            print(printer.to_string(job))
+            return 0
+        stdout = sys.stdout
+        if args.json:  # stdout is for the summary alone: node output too
+            sys.stdout = sys.stderr
+        try:
+            code, summary = train(args, job, options, out)
+        finally:
+            sys.stdout = stdout
+        if args.json:
+            json.dump(summary, sys.stdout, indent=1)
+            sys.stdout.write("\n")
+        return code
+    except KeyboardInterrupt as exc:  # before or after training
+        sys.stderr.write("interrupted\n")
+        return _exit_status(exc)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def train(args, job, options, out):
+    """Train ``job``; ``(exit status, JSON summary)``."""
     metrics = options.get("metrics") or {}
-    bad = [k for k, v in metrics.items() if not isinstance(v, TaskOutput)]
-    if bad:
-        out.write(f"error: job metrics {bad} are not TaskOutputs\n")
-        return 2
     nodes = job_nodes(job)
     checkpoint_dir = args.checkpoint_dir or tempfile.mkdtemp(
         prefix="localcluster-ckpt-")
+    summary = {"job": args.job or DEFAULT_JOB, "session": args.session,
+               "nodes": nodes, "checkpoint_dir": checkpoint_dir,
+               "resumed_from": None, "epochs": [], "status": "ok"}
+    bad = [k for k, v in metrics.items() if not isinstance(v, TaskOutput)]
+    if bad:
+        return _failed(summary, 1, f"the job's metrics {bad} are not "
+                       "TaskOutputs (task.add_output(blob) makes one)")
     manager = MultiNodeCheckpointManager(checkpoint_dir)
     resume = args.resume
     if resume == "latest":
         resume = manager.get_resume_from_epoch_id()
         if resume is None:
-            out.write(f"error: no complete checkpoint under {checkpoint_dir} "
-                      "to resume from; run without --resume to start over\n")
-            return 1
+            return _failed(summary, 1, f"no complete checkpoint under "
+                           f"{checkpoint_dir} to resume from; run without "
+                           "--resume to start over")
+    summary["resumed_from"] = resume
+    if resume is None:
+        _save_options(checkpoint_dir, args)
     max_restarts = args.max_restarts if args.max_restarts is not None \
         else options.get("max_restarts", 0)
     session_class = LocalHostScheduler if args.session == "localhost" \
@@ -452,113 +440,146 @@ def train(args, job, options, out):
     progress.line(f"  checkpoints: {checkpoint_dir}"
                   + (f" (resuming from epoch {resume})"
                      if resume is not None else ""))
-    summary = {"job": args.job or DEFAULT_JOB, "session": args.session,
-               "nodes": nodes, "checkpoint_dir": checkpoint_dir,
-               "resumed_from": resume, "epochs": []}
-    first_loss, saves, started = None, [], time.monotonic()
+    if max_restarts and args.session == "local":
+        progress.line("  note: --max-restarts does nothing under --session "
+                      "local: a node there is a thread of this process")
+    if resume is not None and manager.epoch_is_final(resume):
+        progress.line(f"  epoch {resume} is where this run stopped: there is "
+                      "no epoch left to train")
+    started = time.monotonic()
     session = session_class()
-    usage = Usage(session, nodes)
-    state = {"epoch": resume or 0}
+    session.trace_steps = bool(args.trace)
+    watch = _EpochWatch(args, nodes, metrics, options, Usage(session, nodes),
+                        progress, summary, resume)
+    runner = JobRunner(
+        job, manager, resume_from_epoch=resume, max_restarts=max_restarts,
+        on_checkpoint_error=options.get("on_checkpoint_error", "warn"),
+        on_epoch=watch.on_epoch)
     try:
-        session.trace_steps = bool(args.trace)
-
-        def on_epoch(report):
-            nonlocal first_loss
-            values = {k: _scalar(v.fetch()) for k, v in metrics.items()}
-            per_node = usage.sample()
-            records = options.get("records")
-            rate = records / report.seconds if records and \
-                report.seconds > 0 else None
-            entry = {"epoch": report.epoch, "seconds": report.seconds,
-                     "checkpoint_seconds": report.checkpoint_seconds,
-                     "metrics": values, "records_per_s": rate,
-                     "nodes": {n: dict(per_node.get(n, {}),
-                                       seconds=report.node_seconds.get(n))
-                               for n in nodes},
-                     "checkpoint_error": report.checkpoint_error}
-            summary["epochs"].append(entry)
-            saves.append((report.epoch, report.started + report.seconds,
-                          report.checkpoint_seconds))
-            state["epoch"] = report.epoch
-            if first_loss is None and "loss" in values:
-                first_loss = values["loss"]
-            shown = "  ".join(f"{k} {v:.4g}" for k, v in sorted(
-                values.items(), key=lambda kv: kv[0] != "loss"))
-            rate_text = f"  {rate:,.0f} rec/s" if rate else ""
-            node_text = "  ".join(
-                f"{n} {u['cpu_percent']:.0f}% {_mib(u['rss_bytes'])}"
-                if u.get("cpu_percent") is not None
-                else f"{n} {_mib(u['rss_bytes'])}"
-                for n, u in per_node.items())
-            progress.line(f"epoch {report.epoch:>3}  {report.seconds:7.3f} s"
-                          f"  {shown}{rate_text}  | {node_text}")
-
-        runner = JobRunner(
-            job, manager, resume_from_epoch=resume,
-            max_restarts=max_restarts,
-            on_checkpoint_error=options.get("on_checkpoint_error", "warn"),
-            on_epoch=on_epoch)
-        usage.sample()
-        progress.start_live(lambda: f"epoch {state['epoch'] + 1} running")
+        watch.usage.sample()
+        progress.start_live(watch.live_text)
         try:
             last = runner.train(session)
         finally:
             progress.stop_live()
-        usage.sample()
-    except KeyboardInterrupt:
-        session.close()
-        _remove_all_partials(checkpoint_dir)
+        watch.usage.sample()
+    except KeyboardInterrupt as exc:
+        with _QuietSignals():
+            session.close()
+            _remove_all_partials(checkpoint_dir)
         latest = manager.get_resume_from_epoch_id()
-        progress.line(
-            f"interrupted during epoch {state['epoch'] + 1}; every node "
-            "stopped" + (f"; the last complete checkpoint is epoch {latest}"
-                         if latest is not None else "; no complete "
-                         "checkpoint yet"))
+        message = ("interrupted; every node stopped; " + (
+            f"the last complete checkpoint is epoch {latest}"
+            if latest is not None else "no checkpoint was complete yet"))
+        progress.line(message)
         if latest is not None:
             progress.line(f"resume with: {_resume_hint(args, checkpoint_dir)}")
-        return 130
+        return _failed(summary, _exit_status(exc), message, "interrupted",
+                       latest=latest)
     except LocalClusterError as exc:
-        session.close()
-        _remove_all_partials(checkpoint_dir)
+        with _QuietSignals():
+            session.close()
+            _remove_all_partials(checkpoint_dir)
         latest = manager.get_resume_from_epoch_id()
         hint = (f"; resume with: {_resume_hint(args, checkpoint_dir)}"
                 if latest is not None else "")
         sys.stderr.write(f"error: {_first_line(exc)}{hint}\n")
-        return 1
+        return _failed(summary, 1, _first_line(exc), latest=latest,
+                       node=getattr(exc, "node", None))
     finally:
         session.close()
-    seconds = time.monotonic() - started
+    return 0, _finish(args, summary, watch, runner, last,
+                      time.monotonic() - started, progress)
+
+
+def _failed(summary, code, message, status="error", **extra):
+    summary.update(status=status, error=message, **extra)
+    if status == "error" and "latest" not in extra:
+        sys.stderr.write(f"error: {message}\n")
+    return code, summary
+
+
+def _finish(args, summary, watch, runner, last, seconds, progress):
+    checkpoint_dir = summary["checkpoint_dir"]
     summary.update(
         last_epoch=last, seconds=seconds,
         checkpoints=sorted(os.path.join(checkpoint_dir, f)
                            for f in os.listdir(checkpoint_dir)
-                           if ".partial-" not in f),
-        node_usage={n: {"peak_rss_bytes": usage.peak_rss.get(n) or None,
-                        "cpu_seconds": round(usage.cpu_seconds.get(n, 0.0),
-                                             3)}
-                    for n in nodes},
+                           if ".partial-" not in f and f != RUN_FILE),
+        node_usage={n: {"peak_rss_bytes": watch.usage.peak_rss.get(n) or
+                        None,
+                        "cpu_seconds": round(
+                            watch.usage.cpu_seconds.get(n, 0.0), 3)}
+                    for n in summary["nodes"]},
         checkpoint_errors=[{"epoch": e, "message": m}
                            for e, m in runner.result.checkpoint_errors],
         restarts=[{"resumed_from": e, "error": m}
-                  for e, m in runner.result.restarts],
-        status="ok")
+                  for e, m in runner.result.restarts])
     if args.trace:
-        with open(args.trace, "w") as f:
-            json.dump(chrome_trace(nodes, runner.result.epochs, saves), f)
+        tmp = args.trace + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(chrome_trace(summary["nodes"], runner.result.epochs,
+                                   watch.saves), f)
+        os.replace(tmp, args.trace)
     final = summary["epochs"][-1]["metrics"] if summary["epochs"] else {}
     text = f"done: epoch {last} in {seconds:.2f} s"
-    if "loss" in final and first_loss is not None:
-        drop = first_loss / final["loss"] if final["loss"] else float("inf")
-        text += (f"; loss {first_loss:.4g} -> {final['loss']:.4g} "
+    first = watch.first_loss
+    if final.get("loss") is not None and first is not None:
+        drop = first / final["loss"] if final["loss"] else float("inf")
+        text += (f"; loss {first:.4g} -> {final['loss']:.4g} "
                  f"({drop:.0f}x lower)")
     progress.line(text + f"; checkpoints in {checkpoint_dir}")
     if args.trace:
         progress.line(f"  trace: {args.trace} (open in chrome://tracing or "
                       "ui.perfetto.dev)")
-    if args.json:
-        json.dump(summary, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    return 0
+    return summary
+
+
+class _EpochWatch:
+    """The runner's ``on_epoch``: fetches the metrics, samples the nodes,
+    prints the epoch's line and records it for the summary and trace."""
+
+    def __init__(self, args, nodes, metrics, options, usage, progress,
+                 summary, resume):
+        self.nodes, self.metrics, self.usage = nodes, metrics, usage
+        self.records = options.get("records")
+        self.progress, self.summary = progress, summary
+        self.saves, self.first_loss = [], None
+        self.epoch, self.since = resume or 0, time.monotonic()
+
+    def live_text(self):
+        return (f"epoch {self.epoch + 1} running ... "
+                f"{time.monotonic() - self.since:.1f} s")
+
+    def on_epoch(self, report):
+        values = {k: scalar(v.fetch()) for k, v in self.metrics.items()}
+        per_node = self.usage.sample()
+        rate = self.records / report.seconds if self.records and \
+            report.seconds > 0 else None
+        self.summary["epochs"].append({
+            "epoch": report.epoch, "seconds": report.seconds,
+            "checkpoint_seconds": report.checkpoint_seconds,
+            "metrics": values, "records_per_s": rate,
+            "nodes": {n: dict(per_node.get(n, {}),
+                              seconds=report.node_seconds.get(n))
+                      for n in self.nodes},
+            "checkpoint_error": report.checkpoint_error})
+        self.saves.append((report.epoch, report.started + report.seconds,
+                           report.checkpoint_seconds))
+        self.epoch, self.since = report.epoch, time.monotonic()
+        if self.first_loss is None and values.get("loss") is not None:
+            self.first_loss = values["loss"]
+        shown = "  ".join(
+            f"{k} {'n/a' if v is None else format(v, '.4g')}"
+            for k, v in sorted(values.items(), key=lambda kv: kv[0] != "loss"))
+        rate_text = f"  {rate:,.0f} rec/s" if rate else ""
+        node_text = "  ".join(
+            f"{n} {u['cpu_percent']:.0f}% {mib(u['rss_bytes'])}"
+            if u.get("cpu_percent") is not None
+            else f"{n} {mib(u['rss_bytes'])}"
+            for n, u in per_node.items())
+        self.progress.line(f"epoch {report.epoch:>3}  {report.seconds:7.3f} s"
+                           f"  {shown}{rate_text}  | {node_text}")
 
 
 def _main():

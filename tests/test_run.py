@@ -153,17 +153,18 @@ def test_ctrl_c_then_resume_ends_with_the_uninterrupted_loss(tmp_path):
             proc.wait(10)
     out = "".join(lines) + out
     assert proc.returncode == 130, out + err
-    assert "interrupted during epoch 2" in out
+    assert "interrupted; every node stopped" in out
     assert "last complete checkpoint is epoch 1" in out
     hint = [line for line in out.splitlines()
             if line.startswith("resume with:")]
-    assert hint == [f"resume with: python -m localcluster.run --job "
-                    f"{job}:build --seed 3 --threads 1 --checkpoint-dir "
-                    f"{ckpt} --resume"]
+    assert hint == [f"resume with: python -m localcluster.run "
+                    f"--checkpoint-dir {ckpt} --resume"]
     assert leftovers(proc.pid) == ([], [])
     assert not [f for f in os.listdir(ckpt) if "partial" in f]
 
-    resumed, _ = json_run(*common, "--checkpoint-dir", ckpt, "--resume")
+    # the hint's command: the job and its options come from the directory
+    resumed, _ = json_run("--checkpoint-dir", ckpt, "--resume")
+    assert resumed["job"] == f"{job}:build"
     assert resumed["resumed_from"] == 1
     assert [e["epoch"] for e in resumed["epochs"]] == [2, 3, 4, 5]
     assert final_loss(resumed) == final_loss(expected)
@@ -196,6 +197,19 @@ USER_JOB = textwrap.dedent('''
 
     def not_a_job():
         return 42
+
+    def raises():
+        raise RuntimeError("builder exploded")
+
+    def chatty(epochs=2):
+        job, options = build(epochs)
+        with job.epoch_group, Node("worker"), Task():
+            ops.Python(say_hello)([], [])
+        options["metrics"]["text"] = options["metrics"]["x"]
+        return job, options
+
+    def say_hello():
+        print("hello from the worker")
 
     def die_once(epoch, marker):
         import os, signal
@@ -302,3 +316,88 @@ def test_max_restarts_recovers_a_node_killed_mid_epoch(tmp_path):
     done = run("--job", f"{job}:fragile", "--checkpoint-dir",
                str(tmp_path / "d"))
     assert done.returncode == 0  # the marker exists: nobody dies now
+
+
+def test_json_stays_parseable_when_nodes_print(tmp_path):
+    job = tmp_path / "myjob.py"
+    job.write_text(USER_JOB)
+    summary, done = json_run("--job", f"{job}:chatty", "--checkpoint-dir",
+                             str(tmp_path / "c"))
+    assert summary["last_epoch"] == 2
+    assert "hello from the worker" in done.stderr  # node output, not stdout
+
+
+def test_json_summary_of_a_failed_run_says_why(tmp_path):
+    job = tmp_path / "myjob.py"
+    job.write_text(USER_JOB)
+    done = run("--json", "--job", f"{job}:broken", "--checkpoint-dir",
+               str(tmp_path / "c"))
+    assert done.returncode == 1
+    summary = json.loads(done.stdout)
+    assert summary["status"] == "error" and summary["node"] == "worker"
+    assert "the user's op broke" in summary["error"]
+
+
+def test_a_job_function_that_raises_is_one_line(tmp_path):
+    job = tmp_path / "myjob.py"
+    job.write_text(USER_JOB)
+    done = run("--job", f"{job}:raises")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "error: the job function raises failed: RuntimeError: builder "
+        "exploded (--log-level DEBUG shows the traceback)"]
+
+
+def test_unwritable_paths_are_refused_before_training(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for args, what in ((["--checkpoint-dir", str(afile)], "not a directory"),
+                       (["--trace", str(tmp_path / "no" / "t.json")],
+                        "cannot be written"),
+                       (["--trace", str(tmp_path)], "cannot be written")):
+        done = run(*args)
+        assert done.returncode == 2, args
+        assert what in done.stderr and "epoch" not in done.stdout
+
+
+def test_resume_takes_the_options_the_checkpoints_were_made_with(tmp_path):
+    ckpt = str(tmp_path / "c")
+    first, _ = json_run("--nodes", "1", "--epochs", "3", "--seed", "5",
+                        "--threads", "1", "--checkpoint-dir", ckpt)
+    for option, value in (("--nodes", "2"), ("--epochs", "4"),
+                          ("--seed", "6")):
+        done = run("--checkpoint-dir", ckpt, "--resume", "1", option, value)
+        assert done.returncode == 2
+        assert f"differs from the {option}" in done.stderr
+    again, _ = json_run("--checkpoint-dir", ckpt, "--resume", "1")
+    assert again["nodes"] == first["nodes"]
+    assert final_loss(again) == final_loss(first)
+    done = run("--checkpoint-dir", ckpt, "--resume")
+    assert done.returncode == 0
+    assert "no epoch left to train" in done.stdout
+
+
+def test_sigterm_stops_every_node_and_keeps_the_checkpoints(tmp_path):
+    job = tmp_path / "slow_job.py"
+    job.write_text(SLOW_JOB)
+    ckpt = str(tmp_path / "r")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localcluster.run", "--job", f"{job}:build",
+         "--checkpoint-dir", ckpt],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.stdout.readline().startswith("epoch   1"):
+                time.sleep(0.1)
+                proc.send_signal(signal.SIGTERM)
+                break
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "resume with:" in out
+    assert leftovers(proc.pid) == ([], [])
+    assert not [f for f in os.listdir(ckpt) if "partial" in f]
