@@ -238,11 +238,23 @@ class _Manager:
     # -- files ----------------------------------------------------------------------
 
     def _nodes_for_files(self):
-        """The checkpointed nodes; before init, the nodes with a checkpoint
-        file under ``db_prefix``."""
+        """The checkpointed nodes; before init, the nodes that wrote a
+        checkpoint under ``db_prefix`` (files whose manifest says so --
+        ``train.log.1`` is no node)."""
         if self._nodes is not None:
             return self._nodes
-        return sorted({m["node"] for m in self._files()})
+        nodes = set()
+        for found in self._files():
+            if found["node"] in nodes:
+                continue
+            try:
+                manifest = read_manifest(self.get_ckpt_db_name(
+                    found["node"], found["epoch"]))
+            except CheckpointError:
+                continue
+            if manifest.get("node") == found["node"]:
+                nodes.add(found["node"])
+        return sorted(nodes)
 
     def _files(self):
         try:
@@ -274,6 +286,11 @@ class _Manager:
                 user_epoch)
             if decided is not None:
                 return decided
+        return self.latest_epoch_on_disk(user_epoch)
+
+    def latest_epoch_on_disk(self, user_epoch=None):
+        """`get_resume_from_epoch_id` from the files alone (no metadata
+        handler)."""
         if user_epoch is not None:
             if self._epoch_valid(user_epoch):
                 return user_epoch

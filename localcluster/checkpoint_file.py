@@ -39,6 +39,8 @@ FORMAT = "localcluster-checkpoint"
 #: what marks a file being written (``<path><PARTIAL><pid>``)
 PARTIAL = ".partial-"
 _CHUNK = 1 << 20
+#: a .npy header we read (a dtype of many fields makes a long one)
+_MAX_HEADER = 1 << 24
 
 
 def checkpointable(name, value):
@@ -53,8 +55,9 @@ def write_checkpoint(path, blobs, meta=None):
     beside it if writing fails."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    remove_partials(path)
-    tmp = f"{path}{PARTIAL}{os.getpid()}"
+    remove_partials(path, dead_only=True)
+    # unique per writer: two writers of one path never share a temp file
+    tmp = f"{path}{PARTIAL}{os.getpid()}-{os.urandom(4).hex()}"
     entries = []
     try:
         with open(tmp, "wb") as f:
@@ -116,6 +119,8 @@ def read_manifest(path):
             return _manifest(zf, path)
     except CheckpointError:
         raise
+    except FileNotFoundError as exc:
+        raise _missing(path) from exc
     except Exception as exc:  # noqa: BLE001 -- see _scan
         raise _corrupt(path, exc) from exc
 
@@ -141,12 +146,15 @@ def _scan(path, names, out, sink):
     except CheckpointError:
         raise
     except FileNotFoundError as exc:
-        raise CheckpointError(
-            f"checkpoint {path} does not exist: check the db_prefix and the "
-            "epoch (get_resume_from_epoch_id() gives the latest complete "
-            "one)") from exc
+        raise _missing(path) from exc
     except Exception as exc:  # noqa: BLE001 -- whatever a damaged file
         raise _corrupt(path, exc) from exc  # makes the parsers raise
+
+
+def _missing(path):
+    return CheckpointError(
+        f"checkpoint {path} does not exist: check the db_prefix and the "
+        "epoch (get_resume_from_epoch_id() gives the latest complete one)")
 
 
 def _corrupt(path, exc):
@@ -206,7 +214,7 @@ def _locate(zf, raw, entry, path):
     version = np.lib.format.read_magic(reader)
     read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                    else np.lib.format.read_array_header_2_0)
-    shape, fortran, dtype = read_header(reader, max_header_size=100000)
+    shape, fortran, dtype = read_header(reader, max_header_size=_MAX_HEADER)
     if dtype.hasobject or fortran or list(shape) != entry["shape"] or \
             dtype.str != entry["dtype"] or \
             reader.count + entry["nbytes"] != info.file_size:
@@ -273,8 +281,9 @@ class _Counted:
         return data
 
 
-def remove_partials(path):
-    """Remove what interrupted writers of ``path`` left; their names."""
+def remove_partials(path, dead_only=False):
+    """Remove what interrupted writers of ``path`` left; their names.
+    ``dead_only``: only files of writer processes that are gone."""
     directory, base = os.path.split(path)
     try:
         found = os.listdir(directory or ".")
@@ -282,10 +291,31 @@ def remove_partials(path):
         return []
     removed = []
     for name in found:
-        if name.startswith(base + PARTIAL):
-            _unlink(os.path.join(directory, name))
-            removed.append(name)
+        if not name.startswith(base + PARTIAL):
+            continue
+        if dead_only and _writer_alive(name[len(base + PARTIAL):]):
+            continue
+        _unlink(os.path.join(directory, name))
+        removed.append(name)
     return removed
+
+
+def _writer_alive(suffix):
+    """Whether the process that named a partial file ``...-<suffix>`` (its
+    pid first) still runs."""
+    try:
+        pid = int(suffix.split("-", 1)[0])
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _unlink(path):

@@ -55,11 +55,10 @@ class Job(Managed):
     def __init__(self, init_group=None, epoch_group=None, download_group=None,
                  exit_group=None, stop_conditions=None,
                  nodes_to_checkpoint=None):
-        glob = WorkspaceType.GLOBAL
-        self.init_group = init_group or TaskGroup(workspace_type=glob)
+        self.init_group = _global_group(init_group, "init_group")
         self.epoch_group = epoch_group or TaskGroup()
-        self.download_group = download_group or TaskGroup(workspace_type=glob)
-        self.exit_group = exit_group or TaskGroup(workspace_type=glob)
+        self.download_group = _global_group(download_group, "download_group")
+        self.exit_group = _global_group(exit_group, "exit_group")
         self.stop_conditions = []
         for condition in stop_conditions or ():
             self.add_stop_condition(condition)
@@ -102,6 +101,20 @@ class Job(Managed):
     def printable_groups(self):
         return [("init", self.init_group), ("epoch", self.epoch_group),
                 ("download", self.download_group), ("exit", self.exit_group)]
+
+
+def _global_group(group, what):
+    """``group`` (or a new one) running in the nodes' global workspaces:
+    what an init group makes must outlive it."""
+    if group is None:
+        return TaskGroup(workspace_type=WorkspaceType.GLOBAL)
+    if group.settle_workspace_type(WorkspaceType.GLOBAL) is not \
+            WorkspaceType.GLOBAL:
+        raise PlanError(
+            f"a Job's {what} runs in the nodes' global workspaces, but this "
+            f"TaskGroup is {group.workspace_type()}; make it with "
+            "TaskGroup(workspace_type=WorkspaceType.GLOBAL)")
+    return group
 
 
 def epoch_limiter(job, num_epochs):
@@ -223,31 +236,37 @@ class JobRunner:
         self.result = result = TrainResult()
         resume = self.resume_from_epoch
         result.resumed_from = resume
+        # the last epoch this train() checkpointed: a restart goes back
+        # there, never to files another run left in the same directory
+        self._saved = resume
         while True:
             try:
                 epoch = self._start(session, resume)
                 if resume is None or not \
                         self.checkpoint_manager.epoch_is_final(resume):
                     epoch = self._epochs(session, epoch)
-                break
+                result.last_epoch = epoch
+                self._finish(session, epoch)
+                return epoch
             except NodeFailedError as exc:
                 if len(result.restarts) >= self.max_restarts:
                     raise
-                resume = self.checkpoint_manager.get_resume_from_epoch_id()
+                resume = self._saved
                 result.restarts.append((resume, str(exc)))
                 log.warning(
                     "node %r failed (%s); restart %d of %d from %s", exc.node,
                     exc.signal_name or f"exit {exc.exitcode}",
                     len(result.restarts), self.max_restarts,
                     "scratch" if resume is None else f"epoch {resume}")
-        result.last_epoch = epoch
+
+    def _finish(self, session, epoch):
+        """After the last epoch: upload, download and exit groups."""
         if self.upload_task_group_builder is not None:
             session.run(self.upload_task_group_builder.build(
                 epoch, self.checkpoint_manager))
         for group in (self.job.download_group, self.job.exit_group):
             if group.num_registered_tasks():
                 session.run(group)
-        return epoch
 
     def _start(self, session, resume):
         """Init (or load) and checkpoint epoch 0; the epoch reached."""
@@ -266,9 +285,17 @@ class JobRunner:
             raise CheckpointError(
                 f"cannot resume from epoch {resume}: node(s) {missing} have "
                 f"no checkpoint of it under {cm.db_prefix}; the latest "
-                f"complete epoch is {cm.get_resume_from_epoch_id()}")
-        session.run(cm.init(nodes, retrieve_from_epoch=resume))
-        session.run(cm.load(resume))
+                f"complete epoch there is {cm.latest_epoch_on_disk()}")
+        try:
+            session.run(cm.init(nodes, retrieve_from_epoch=resume))
+            session.run(cm.load(resume))
+        except TaskFailedError as exc:
+            if exc.op_type not in ("CheckpointBlobNames", "LoadCheckpoint"):
+                raise
+            # the node found its checkpoint torn or corrupted
+            raise CheckpointError(
+                f"cannot resume from epoch {resume}: "
+                f"{str(exc).split(': ', 2)[-1]}") from exc
         return resume
 
     def _epochs(self, session, epoch):
@@ -321,6 +348,7 @@ class JobRunner:
             cm.remove_partials(epoch)  # a node killed while writing
             raise
         cm.report_saved(epoch)
+        self._saved = epoch
         return None
 
 

@@ -437,6 +437,13 @@ class TaskGroup(Managed):
     def workspace_type(self):
         return self._workspace_type or WorkspaceType.PRIVATE
 
+    def settle_workspace_type(self, default):
+        """The group's workspace type -- ``default`` if neither the group
+        nor a task of it has chosen one yet (then it is fixed)."""
+        if self._workspace_type is None:
+            self._workspace_type = as_workspace_type(default, "TaskGroup")
+        return self._workspace_type
+
     def report_step(self, step=None, node=None, interval_ms=1000):
         """Run ``step`` on ``node`` every ``interval_ms`` while the group runs
         there, and once after its tasks end."""

@@ -96,3 +96,34 @@ def test_partials_of_killed_writers_are_removed(tmp_path):
     assert sorted(remove_partials(path)) == ["node.2.partial-11",
                                              "node.2.partial-12"]
     assert os.listdir(tmp_path) == ["node.20.partial-1"]
+
+
+def test_two_writers_of_one_checkpoint_both_succeed(tmp_path):
+    import threading
+    path = str(tmp_path / "node.1")
+    errors = []
+
+    def write(value):
+        try:
+            for _ in range(20):
+                write_checkpoint(path, {"w": np.full(50000, value)})
+        except Exception as exc:  # noqa: BLE001 -- reported below
+            errors.append(exc)
+
+    writers = [threading.Thread(target=write, args=(v,)) for v in (1, 2)]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join(60)
+    assert not errors
+    _, got = read_checkpoint(path)
+    assert got["w"][0] in (1, 2) and len(set(got["w"].tolist())) == 1
+    assert os.listdir(tmp_path) == ["node.1"]
+
+
+def test_a_dtype_with_many_fields_reads_back(tmp_path):
+    dtype = np.dtype([(f"field_{i}", "<f8") for i in range(3000)])
+    path = str(tmp_path / "node.1")
+    write_checkpoint(path, {"wide": np.zeros(2, dtype)})
+    _, got = read_checkpoint(path)
+    assert got["wide"].dtype == dtype

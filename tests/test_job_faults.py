@@ -141,3 +141,77 @@ def test_a_node_killed_while_writing_its_checkpoint_tears_nothing(tmp_path):
         manager.init(NODES)
         fresh.run(manager.load(1))
         assert int(fresh.fetch_blob("epoch_no", "trainer_1")) == 1
+
+
+# -- restarts: from what this run saved, and wherever a node dies -------------
+
+def test_a_restart_ignores_checkpoints_an_earlier_run_left(tmp_path,
+                                                          uninterrupted):
+    shared = str(tmp_path / "shared")
+    never = tmp_path / "never"
+    never.touch()
+    with LocalHostScheduler() as session:  # an earlier, longer run
+        JobRunner(build_job(never, 99, num_epochs=8),
+                  MultiNodeCheckpointManager(shared)).train(session)
+    with LocalHostScheduler() as session:
+        runner = JobRunner(build_job(tmp_path / "died", 3),
+                           MultiNodeCheckpointManager(shared),
+                           max_restarts=1)
+        assert runner.train(session) == 5
+        assert [epoch for epoch, _ in runner.result.restarts] == [2]
+        assert final_state(session) == uninterrupted
+
+
+def test_a_node_dead_while_idle_is_restarted_not_quietly_emptied(tmp_path):
+    """B is only in the init group; it dies while A runs an epoch."""
+    with Job() as job:
+        with Node("A"):
+            with job.init_group, Task():
+                ops.Const(np.array(1.0), name="w")
+            with Task():
+                ops.Scale(["w"], ["w"], scale=2.0)
+                ops.Sleep([], seconds=0.2)
+            epoch_limiter(job, 3)
+        with Node("B"), job.init_group, Task():
+            ops.Const(np.array(5.0), name="b")
+    with LocalHostScheduler() as session:
+        def kill_b(report):
+            if report.epoch == 1:
+                os.kill(session.node_pids()["B"], signal.SIGKILL)
+
+        runner = JobRunner(job, MultiNodeCheckpointManager(
+            str(tmp_path)), max_restarts=1, on_epoch=kill_b)
+        assert runner.train(session) == 3
+        assert [epoch for epoch, _ in runner.result.restarts] == [1]
+        assert "'B'" in runner.result.restarts[0][1]
+        assert not runner.result.checkpoint_errors
+        assert float(session.fetch_blob("b", "B")) == 5.0
+        assert float(session.fetch_blob("w", "A")) == 8.0
+
+
+def test_a_node_dying_in_the_download_group_is_restarted(tmp_path):
+    marker = tmp_path / "died"
+    with Job() as job:
+        for i, node in enumerate(NODES):
+            with Node(node):
+                with job.init_group, Task():
+                    ops.Const(np.full(4, float(i + 1)), name="w")
+                with Task():
+                    ops.Scale(["w"], ["w"], scale=1.5)
+                with job.download_group, Task():
+                    if node == "trainer_1":
+                        ops.Python(die_once_in_epoch)(
+                            [ops.Const(np.array(0)),
+                             ops.Const(np.array(str(marker))),
+                             ops.Const(np.array(0))], [])
+                    ops.Copy(["w"], ["downloaded"])
+        with Node(NODES[0]):
+            epoch_limiter(job, 3)
+    with LocalHostScheduler() as session:
+        runner = JobRunner(job, MultiNodeCheckpointManager(str(tmp_path)),
+                           max_restarts=1)
+        assert runner.train(session) == 3
+        assert marker.exists()
+        assert [epoch for epoch, _ in runner.result.restarts] == [3]
+        assert session.fetch_blob("downloaded", "trainer_1").tolist() == \
+            [2 * 1.5 ** 3] * 4

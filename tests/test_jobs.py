@@ -307,7 +307,7 @@ def test_resuming_from_an_epoch_never_saved_names_the_latest(session,
     checkpoint = MultiNodeCheckpointManager(str(tmp_path))
     JobRunner(job, checkpoint).train(session)
     with pytest.raises(CheckpointError, match="epoch 9.*latest complete "
-                                              "epoch is 4"):
+                                              "epoch there is 4"):
         JobRunner(job, MultiNodeCheckpointManager(str(tmp_path)),
                   resume_from_epoch=9).train(session)
 
@@ -340,3 +340,37 @@ def test_a_metadata_handler_hears_of_every_save_and_may_pick_the_epoch(
     assert checkpoint.get_resume_from_epoch_id() == 2
     with pytest.raises(PlanError, match="MetadataHandler"):
         MultiNodeCheckpointManager(str(tmp_path), metadata_handler=object())
+
+
+def test_resuming_from_a_torn_checkpoint_is_a_checkpoint_error(session,
+                                                               tmp_path):
+    job, _ = build_job()
+    checkpoint = MultiNodeCheckpointManager(str(tmp_path))
+    JobRunner(job, checkpoint).train(session)
+    path = checkpoint.get_ckpt_db_name("trainer_0", 3)
+    with open(path, "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(CheckpointError, match="epoch 3.*torn or corrupted"):
+        JobRunner(job, MultiNodeCheckpointManager(str(tmp_path)),
+                  resume_from_epoch=3).train(session)
+
+
+def test_files_that_are_not_checkpoints_are_no_nodes(session, tmp_path):
+    job, _ = build_job()
+    JobRunner(job, MultiNodeCheckpointManager(str(tmp_path))).train(session)
+    for name in ("notes.txt", "train.log.1", "trainer_0.3.bak",
+                 "trainer_0.3.1"):
+        (tmp_path / name).write_text("not a checkpoint")
+    fresh = MultiNodeCheckpointManager(str(tmp_path))  # no init: from files
+    assert fresh.get_resume_from_epoch_id() == 4
+    assert fresh.get_resume_from_epoch_id(3) == 3
+
+
+def test_a_jobs_init_group_runs_in_the_global_workspace():
+    from localcluster import WorkspaceType
+    given = TaskGroup()
+    job = Job(init_group=given)
+    assert job.init_group is given
+    assert given.workspace_type() is WorkspaceType.GLOBAL
+    with pytest.raises(PlanError, match="init_group.*GLOBAL"):
+        Job(init_group=TaskGroup(workspace_type=WorkspaceType.PRIVATE))

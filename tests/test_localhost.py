@@ -171,6 +171,27 @@ def test_a_dead_node_restarts_empty_and_the_others_keep_their_blobs():
         assert_clean(session)
 
 
+def test_a_node_that_died_while_idle_fails_the_next_run_that_uses_it():
+    """Its workspace is gone: the next run including it says so (once),
+    instead of quietly running on an empty restart."""
+    session = LocalHostScheduler()
+    try:
+        session.feed_blob("kept", np.arange(3), node="idle")
+        with Node("busy"), Task() as busy:
+            ops.Sleep([], seconds=0.3)
+        session.run(busy)  # started
+        os.kill(session.node_pids()["idle"], signal.SIGKILL)
+        session.run(busy)  # notices the death while "idle" waits
+        with Node("idle"), Task() as uses_it:
+            ops.Const(1)
+        with pytest.raises(NodeFailedError, match="'idle'.*while idle"):
+            session.run(uses_it)
+        session.run(uses_it)  # restarted, empty
+        assert not session.has_blob("kept", "idle")
+    finally:
+        assert_clean(session)
+
+
 def test_an_op_error_cancels_the_other_nodes_without_killing_them():
     session = LocalHostScheduler()
     try:

@@ -126,6 +126,7 @@ class _Node:
         self.log = None       # LogPump stream
         self.state = NodeState.IDLE
         self.pid = None
+        self.unreported = None  # NodeFailedError of a death while idle
         self.plans = collections.OrderedDict()  # mirror of the node's cache
         self.control = None   # shared int64: the run id to cancel
         self.control_word = None
@@ -402,10 +403,21 @@ class LocalHostScheduler(Session):
         return (P.RUN, rid, plan_id, payload, channels,
                 {"trace": self.trace_steps})
 
+    def _raise_unreported(self, nodes):
+        """A node of this run that died while idle, its workspace lost:
+        that death is this run's NodeFailedError (the next run restarts
+        it)."""
+        for name in nodes:
+            handle = self._nodes.get(name)
+            if handle is not None and handle.unreported is not None:
+                error, handle.unreported = handle.unreported, None
+                raise error
+
     def _run_plans(self, plans, timeout):
         timeout = timeout if timeout is not None else self._default_timeout
         # a plan that cannot be sent fails here, before anything starts
         prepared = {p.node: self._prepare(p) for p in plans}
+        self._raise_unreported(prepared)
         shared = _cross_node_queues(prepared)
         handles = self._ensure({p.node: p.node_kwargs for p in plans})
         rid = next(self._rids)
@@ -476,7 +488,10 @@ class LocalHostScheduler(Session):
                 return
             except (EOFError, OSError):
                 pass
-        log.warning("%s", self._death_error(handle, "idle"))
+        # Nobody waits on this node now: the next run that includes it
+        # reports the death (instead of quietly restarting it empty).
+        handle.unreported = self._death_error(handle, "idle")
+        log.warning("%s", handle.unreported)
 
     def _on_message(self, handle, msg, state):
         kind, rid = msg[0], msg[1]
