@@ -12,7 +12,11 @@ import psutil
 
 from .sessions import LocalHostScheduler
 
-__all__ = ["Usage", "Progress", "chrome_trace", "scalar", "mib"]
+__all__ = ["Usage", "Progress", "chrome_trace", "scalar", "mib",
+           "IN_PROCESS"]
+
+#: what `Usage` reports under --session local, where nodes are threads
+IN_PROCESS = "(all nodes: this process)"
 
 
 # -- watching the nodes --------------------------------------------------------------
@@ -35,13 +39,14 @@ class Usage:
     def __init__(self, session, nodes):
         self.session, self.nodes = session, nodes
         self._last = {}          # node -> (pid, cpu seconds, wall time)
-        self.cpu_seconds = {n: 0.0 for n in nodes}
-        self.peak_rss = {n: 0 for n in nodes}
+        self.cpu_seconds = {}    # per node process (or IN_PROCESS)
+        self.peak_rss = {}
 
     def _pids(self):
         if isinstance(self.session, LocalHostScheduler):
             return self.session.node_pids()
-        return {node: os.getpid() for node in self.nodes}
+        # in-process nodes are threads: one process to report, once
+        return {IN_PROCESS: os.getpid()}
 
     def sample(self):
         """``{node: {"cpu_percent", "rss_bytes"}}`` since the last sample."""

@@ -510,7 +510,7 @@ def _finish(args, summary, watch, runner, last, seconds, progress):
                         None,
                         "cpu_seconds": round(
                             watch.usage.cpu_seconds.get(n, 0.0), 3)}
-                    for n in summary["nodes"]},
+                    for n in watch.usage.peak_rss},
         checkpoint_errors=[{"epoch": e, "message": m}
                            for e, m in runner.result.checkpoint_errors],
         restarts=[{"resumed_from": e, "error": m}
@@ -563,6 +563,7 @@ class _EpochWatch:
             "nodes": {n: dict(per_node.get(n, {}),
                               seconds=report.node_seconds.get(n))
                       for n in self.nodes},
+            "processes": per_node,
             "checkpoint_error": report.checkpoint_error})
         self.saves.append((report.epoch, report.started + report.seconds,
                            report.checkpoint_seconds))
