@@ -17,6 +17,7 @@ TaskGroups (for ``session.run``) and look at files; they hold no session::
     manager.get_resume_from_epoch_id()       (reads the files, verifies)
 """
 
+import abc
 import os
 import re
 
@@ -372,11 +373,10 @@ class MultiNodeCheckpointManager(_Manager):
         return True
 
 
-class UploadTaskGroupBuilder:
+class UploadTaskGroupBuilder(abc.ABC):
     """Builds the TaskGroup a `JobRunner` runs after training to upload
-    checkpoints somewhere; subclass and override `build`."""
+    checkpoints somewhere; subclass it and implement `build`."""
 
+    @abc.abstractmethod
     def build(self, epoch, checkpoint_manager):
-        raise NotImplementedError(
-            f"{type(self).__name__}.build(epoch, checkpoint_manager) must "
-            "return a TaskGroup")
+        """The TaskGroup uploading the checkpoints of ``epoch``."""

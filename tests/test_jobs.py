@@ -374,3 +374,11 @@ def test_a_jobs_init_group_runs_in_the_global_workspace():
     assert given.workspace_type() is WorkspaceType.GLOBAL
     with pytest.raises(PlanError, match="init_group.*GLOBAL"):
         Job(init_group=TaskGroup(workspace_type=WorkspaceType.PRIVATE))
+
+
+def test_an_upload_builder_must_implement_build():
+    class Incomplete(UploadTaskGroupBuilder):
+        pass
+
+    with pytest.raises(TypeError, match="build"):
+        Incomplete()
