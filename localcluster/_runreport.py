@@ -119,29 +119,50 @@ class Progress:
             self.out.flush()
 
     def start_live(self, what):
+        """Redraw ``what()`` as the live line four times a second."""
         if not self.live:
             return
-        started = time.monotonic()
 
         def tick():
             while not self._stop.wait(0.25):
                 with self._lock:
-                    self._status = (f"  {what()} ... "
-                                    f"{time.monotonic() - started:.1f} s")
+                    self._status = f"  {what()}"
                     self.out.write("\r\033[K" + self._status)
                     self.out.flush()
         self._thread = threading.Thread(target=tick, daemon=True)
         self._thread.start()
 
-    def stop_live(self):
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(1)
+    def clear_live(self):
         with self._lock:
             if self._status:
                 self.out.write("\r\033[K")
                 self.out.flush()
                 self._status = ""
+
+    def guard(self, stream):
+        """``stream``, clearing the live line before anything else (node
+        output, a warning) is written to it; the next tick redraws it."""
+        return _Guarded(stream, self) if self.live else stream
+
+    def stop_live(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(1)
+        self.clear_live()
+
+
+class _Guarded:
+    """A text stream that clears the live line before each write."""
+
+    def __init__(self, stream, progress):
+        self._stream, self._progress = stream, progress
+
+    def write(self, text):
+        self._progress.clear_live()
+        return self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 # -- the trace -------------------------------------------------------------------------

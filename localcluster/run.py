@@ -435,7 +435,8 @@ def train(args, job, options, out):
     session_class = LocalHostScheduler if args.session == "localhost" \
         else LocalSession
     progress = Progress(out, live=out.isatty())
-    progress.line(f"localcluster: {len(nodes)} nodes ({', '.join(nodes)}), "
+    progress.line(f"localcluster: {len(nodes)} node"
+                  f"{'' if len(nodes) == 1 else 's'} ({', '.join(nodes)}), "
                   f"{session_class.__name__}")
     progress.line(f"  checkpoints: {checkpoint_dir}"
                   + (f" (resuming from epoch {resume})"
@@ -457,11 +458,14 @@ def train(args, job, options, out):
         on_epoch=watch.on_epoch)
     try:
         watch.usage.sample()
+        streams = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = map(progress.guard, streams)
         progress.start_live(watch.live_text)
         try:
             last = runner.train(session)
         finally:
             progress.stop_live()
+            sys.stdout, sys.stderr = streams
         watch.usage.sample()
     except KeyboardInterrupt as exc:
         with _QuietSignals():
