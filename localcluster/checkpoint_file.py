@@ -30,7 +30,7 @@ from .errors import CheckpointError
 
 __all__ = ["BLOB_NAMES", "checkpointable", "write_checkpoint",
            "read_checkpoint", "verify_checkpoint", "read_manifest",
-           "remove_partials", "PARTIAL"]
+           "remove_partials", "remove_partials_under", "PARTIAL"]
 
 #: the blob (on every checkpointed node) listing what its checkpoint holds
 BLOB_NAMES = "__checkpoint__/blob_names"
@@ -298,6 +298,17 @@ def remove_partials(path, dead_only=False):
         _unlink(os.path.join(directory, name))
         removed.append(name)
     return removed
+
+
+def remove_partials_under(directory):
+    """`remove_partials` of every checkpoint under ``directory``."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    bases = {name.split(PARTIAL)[0] for name in names if PARTIAL in name}
+    return [removed for base in sorted(bases)
+            for removed in remove_partials(os.path.join(directory, base))]
 
 
 def _writer_alive(suffix):

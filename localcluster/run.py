@@ -35,7 +35,7 @@ import time
 from . import (Job, JobRunner, LocalClusterError, LocalHostScheduler,
                LocalSession, MultiNodeCheckpointManager, TaskOutput, printer)
 from ._runreport import Progress, Usage, chrome_trace, mib, scalar
-from .checkpoint_file import remove_partials
+from .checkpoint_file import remove_partials_under
 from .runtime import shm
 
 DEFAULT_JOB = "localcluster.examples.regression:build"
@@ -255,19 +255,6 @@ def _resume_hint(args, checkpoint_dir):
                                                    for p in parts)
 
 
-def _remove_all_partials(directory):
-    removed = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return removed
-    for name in names:
-        if ".partial-" in name:
-            base = name.split(".partial-")[0]
-            removed += remove_partials(os.path.join(directory, base))
-    return removed
-
-
 def cleanup(out, as_json):
     removed = shm.sweep_stale()
     if as_json:
@@ -470,7 +457,7 @@ def train(args, job, options, out):
     except KeyboardInterrupt as exc:
         with _QuietSignals():
             session.close()
-            _remove_all_partials(checkpoint_dir)
+            remove_partials_under(checkpoint_dir)
         latest = manager.get_resume_from_epoch_id()
         message = ("interrupted; every node stopped; " + (
             f"the last complete checkpoint is epoch {latest}"
@@ -483,7 +470,7 @@ def train(args, job, options, out):
     except LocalClusterError as exc:
         with _QuietSignals():
             session.close()
-            _remove_all_partials(checkpoint_dir)
+            remove_partials_under(checkpoint_dir)
         latest = manager.get_resume_from_epoch_id()
         hint = (f"; resume with: {_resume_hint(args, checkpoint_dir)}"
                 if latest is not None else "")

@@ -169,13 +169,7 @@ class ShmStore(dict):
             self._drop_segment(name)
             dict.__setitem__(self, name, value)
             return
-        segment = self._new_name()
-        array = array_on(create_segment(segment, value.nbytes), value.shape,
-                         value.dtype)
-        np.copyto(array, value)
-        self._drop_segment(name)
-        self._segments[name] = segment
-        dict.__setitem__(self, name, array)
+        np.copyto(self.reserve(name, value.shape, value.dtype), value)
 
     def reserve(self, name, shape, dtype):
         """The array blob ``name`` lives in, made to have ``shape`` and
