@@ -395,11 +395,11 @@ class LocalHostScheduler(Session):
     def _run_message(self, handle, rid, prepared, channels):
         plan_id, payload, _ = prepared
         if plan_id in handle.plans:
-            return (P.RUN, rid, plan_id, None, channels,
-                    {"trace": self.trace_steps})
-        handle.plans[plan_id] = True
-        if len(handle.plans) > P.PLAN_CACHE:
-            handle.plans.popitem(last=False)
+            payload = None  # the node has it
+        else:
+            handle.plans[plan_id] = True
+            if len(handle.plans) > P.PLAN_CACHE:
+                handle.plans.popitem(last=False)
         return (P.RUN, rid, plan_id, payload, channels,
                 {"trace": self.trace_steps})
 
