@@ -23,6 +23,7 @@ __all__ = [
     "RunTimeoutError",
     "BlobNotFoundError",
     "RemoteTraceback",
+    "Cancelled",
 ]
 
 
@@ -65,15 +66,21 @@ class TaskFailedError(LocalClusterError):
     """An op raised while a node ran its plan.
 
     Attributes name where: ``node``, ``task``, ``step``, ``op_type``,
-    ``op_index`` (index of the op in its net) and ``net``; ``traceback_text``
-    is the formatted traceback of the original exception, which is also the
+    ``op_index`` (index of the op in its net) and ``net``; what the op
+    raised is ``cause_type`` (``"ValueError"``) and ``cause_message``, the
+    two together ``reason``; ``traceback_text`` is the
+    formatted traceback of the original exception, which is also the
     ``__cause__`` (the exception itself in-process, a `RemoteTraceback`
     across processes).
     """
 
     def __init__(self, message, *, node=None, task=None, step=None, net=None,
-                 op_type=None, op_index=None, traceback_text=""):
+                 op_type=None, op_index=None, traceback_text="",
+                 cause_type=None, cause_message=None):
         super().__init__(message)
+        self.cause_type = cause_type
+        self.cause_message = message if cause_message is None \
+            else cause_message
         self.node = node
         self.task = task
         self.step = step
@@ -81,6 +88,13 @@ class TaskFailedError(LocalClusterError):
         self.op_type = op_type
         self.op_index = op_index
         self.traceback_text = traceback_text
+
+    @property
+    def reason(self):
+        """What the op raised, as ``"ValueError: message"``."""
+        if self.cause_type is None:
+            return self.cause_message
+        return f"{self.cause_type}: {self.cause_message}"
 
     def __reduce__(self):
         return (_rebuild_task_failed, (self.args[0], self.__dict__.copy()))
@@ -118,3 +132,9 @@ class SessionClosedError(LocalClusterError, RuntimeError):
 
 class RunTimeoutError(LocalClusterError, TimeoutError):
     """A run did not finish within its timeout; its work was cancelled."""
+
+
+class Cancelled(LocalClusterError):
+    """Raised inside a run that was cancelled (by a failure elsewhere, a
+    timeout or an interrupt); a run never raises it when something else
+    went wrong first -- that error wins."""

@@ -294,8 +294,7 @@ class JobRunner:
                 raise
             # the node found its checkpoint torn or corrupted
             raise CheckpointError(
-                f"cannot resume from epoch {resume}: "
-                f"{str(exc).split(': ', 2)[-1]}") from exc
+                f"cannot resume from epoch {resume}: {exc.cause_message}") from exc
         return resume
 
     def _epochs(self, session, epoch):
@@ -334,7 +333,7 @@ class JobRunner:
             session.run(cm.save(epoch, final=final))
         except TaskFailedError as exc:
             cm.remove_partials(epoch)
-            reason = str(exc).split(": ", 1)[-1] if exc.op_type else str(exc)
+            reason = exc.reason
             message = (f"checkpoint of epoch {epoch} was not written "
                        f"(node {exc.node!r}: {reason})")
             if self.on_checkpoint_error == "raise":

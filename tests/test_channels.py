@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from localcluster.runtime import shm
-from localcluster.runtime.executor import Cancelled
+from localcluster.errors import Cancelled
 from localcluster.runtime.shm_channel import ChannelParts, ShmChannel
 
 FORK = multiprocessing.get_context("fork")

@@ -70,7 +70,6 @@ def atomic_or(ctx, acc, value):
 def sleep(ctx, seconds=0.0):
     """Wait ``seconds``; a cancelled run ends the wait at once."""
     if ctx.cancelled.wait(float(seconds)):
-        from ..runtime.executor import Cancelled
         raise Cancelled("sleep ended: the run was cancelled")
 
 

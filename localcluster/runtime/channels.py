@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 
-from .executor import Cancelled
+from ..errors import Cancelled
 
 __all__ = ["LocalChannel", "ChannelHub"]
 

@@ -33,11 +33,11 @@ import traceback
 
 import numpy as np
 
-from ..errors import BlobNotFoundError, TaskFailedError
+from ..errors import BlobNotFoundError, Cancelled, TaskFailedError
 from ..kernels import registry
 from ..kernels.registry import OpContext
 
-__all__ = ["RunContext", "Cancelled", "execute"]
+__all__ = ["RunContext", "execute"]
 
 #: seconds an interrupted run waits for its threads to stop
 CANCEL_JOIN = 2.0
@@ -45,10 +45,6 @@ CANCEL_JOIN = 2.0
 MAX_TRACE = 20000
 
 log = logging.getLogger(__name__)
-
-
-class Cancelled(Exception):
-    """Raised inside a run that was cancelled (by a failure or a timeout)."""
 
 
 class RunContext:
@@ -129,7 +125,8 @@ def _fail(rc, exc, task, step, net, index):
         f"{rc.node!r} in task {task!r}, step {step.name!r}: "
         f"{type(exc).__name__}: {exc}",
         node=rc.node, task=task, step=step.name, net=net.name,
-        op_type=op.type, op_index=index, traceback_text=tb_text)
+        op_type=op.type, op_index=index, traceback_text=tb_text,
+        cause_type=type(exc).__name__, cause_message=str(exc))
     return err
 
 

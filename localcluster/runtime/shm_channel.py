@@ -47,7 +47,7 @@ import threading
 import numpy as np
 
 from . import shm
-from .executor import Cancelled
+from ..errors import Cancelled
 from ..errors import PlanError
 
 __all__ = ["ChannelParts", "ShmChannel", "MAX_CAPACITY"]

@@ -36,7 +36,7 @@ import traceback
 
 from ..errors import (BlobNotFoundError, LocalClusterError, PlanError,
                       RemoteTraceback, TaskFailedError)
-from ..runtime.executor import Cancelled
+from ..errors import Cancelled
 
 #: plans a node keeps (first in, first out)
 PLAN_CACHE = 64
@@ -58,7 +58,8 @@ def recv(conn):
 TASK, PLAN, BLOB, MEMORY, CANCELLED, OTHER = (
     "task", "plan", "blob", "memory", "cancelled", "other")
 
-_TASK_ATTRS = ("node", "task", "step", "net", "op_type", "op_index")
+_TASK_ATTRS = ("node", "task", "step", "net", "op_type", "op_index",
+               "cause_type", "cause_message")
 
 
 def format_tb(exc):

@@ -12,7 +12,7 @@ the rules are unit-testable on their own:
   that it caused.
 """
 
-from ..runtime.executor import Cancelled
+from ..errors import Cancelled
 
 __all__ = ["RunState"]
 

@@ -23,7 +23,8 @@ import numpy as np
 
 from ..errors import BlobNotFoundError, RunTimeoutError
 from ..runtime.channels import ChannelHub
-from ..runtime.executor import Cancelled, RunContext
+from ..errors import Cancelled
+from ..runtime.executor import RunContext
 from ..runtime.node import run_node_plan
 from ..runtime.workspace import Workspace
 from .base import Session

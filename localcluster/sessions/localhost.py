@@ -49,7 +49,7 @@ from ..errors import (BlobNotFoundError, NodeFailedError, PlanError,
                       RunTimeoutError)
 from ..kernels import registry
 from ..runtime import shm
-from ..runtime.executor import Cancelled
+from ..errors import Cancelled
 from ..task import Cluster
 from . import _protocol as P
 from ._logpump import LogPump
