@@ -105,7 +105,7 @@ def small_group():
 
 def assert_clean(session):
     """No child process and no segment of this session after close()."""
-    prefix = session._prefix
+    prefix = session.shm_prefix
     session.close()
     assert not child_processes()
     assert not shm.segments(prefix)
@@ -227,7 +227,7 @@ MASTER = textwrap.dedent("""
     session.feed_blob("big", np.ones(1 << 20), node="a")
     session.feed_blob("big", np.ones(1 << 20), node="b")
     pids = session.node_pids()
-    print(session._prefix, pids["a"], pids["b"], flush=True)
+    print(session.shm_prefix, pids["a"], pids["b"], flush=True)
     time.sleep(3600)
 """)
 
@@ -237,7 +237,7 @@ THREAD_MASTER = textwrap.dedent("""
     from localcluster import LocalHostScheduler
     def main():
         session = LocalHostScheduler(nodes=["a", "b"])
-        print(session._prefix, *session.node_pids().values(), flush=True)
+        print(session.shm_prefix, *session.node_pids().values(), flush=True)
         time.sleep(3600)
     threading.Thread(target=main, daemon=True).start()
     time.sleep(3600)
@@ -278,7 +278,7 @@ CTRL_C = textwrap.dedent("""
             with Node(n), Task():
                 ops.Python(t.sleep_forever)([ops.Const(1)], [])
     session.feed_blob("x", 1.0, node="a")
-    print(session._prefix, flush=True)
+    print(session.shm_prefix, flush=True)
     session.run(tg)
 """)
 
@@ -321,12 +321,12 @@ def test_many_runs_leave_fds_segments_and_children_unchanged():
         for _ in range(10):
             session.run(tg)
         gc.collect()  # drop what earlier tests left for the collector
-        before = (me.num_fds(), len(shm.segments(session._prefix)),
+        before = (me.num_fds(), len(shm.segments(session.shm_prefix)),
                   len(child_processes()))
         for _ in range(200):
             session.run(tg)
         gc.collect()
-        after = (me.num_fds(), len(shm.segments(session._prefix)),
+        after = (me.num_fds(), len(shm.segments(session.shm_prefix)),
                  len(child_processes()))
         assert after == before
     finally:
@@ -409,9 +409,9 @@ def test_zero_copy_fetch_is_a_read_only_view_and_copy_is_independent():
 def test_global_blobs_live_in_segments_of_the_session():
     session = LocalHostScheduler()
     try:
-        before = set(shm.segments(session._prefix))
+        before = set(shm.segments(session.shm_prefix))
         session.run(small_group())
-        made = set(shm.segments(session._prefix)) - before
+        made = set(shm.segments(session.shm_prefix)) - before
         assert made, "no shared-memory segment holds the node's blobs"
     finally:
         assert_clean(session)

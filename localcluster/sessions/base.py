@@ -182,6 +182,10 @@ class Session:
 
     # -- blobs ----------------------------------------------------------------------
 
+    def node_pids(self):
+        """``{node: pid}`` of the process each started node runs in."""
+        raise NotImplementedError
+
     def fetch_blob(self, name, node="local", copy=True):
         raise NotImplementedError
 

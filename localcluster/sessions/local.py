@@ -15,6 +15,7 @@ session is marked broken (``is_open()`` is False) rather than left hung.
 """
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -49,6 +50,10 @@ class LocalSession(Session):
     def __repr__(self):
         return f"LocalSession(nodes={sorted(self._workspaces)}, " \
                f"{self._state.value})"
+
+    def node_pids(self):
+        """``{node: pid}``: every node of this session is this process."""
+        return dict.fromkeys(self._workspaces, os.getpid())
 
     def _workspace(self, node):
         ws = self._workspaces.get(node)

@@ -208,6 +208,12 @@ class LocalHostScheduler(Session):
             kwargs = Cluster.current().node_kwargs()
         self._ensure({n: kwargs.get(n, {}) for n in names})
 
+    @property
+    def shm_prefix(self):
+        """The name prefix of every shared-memory segment this scheduler
+        makes (``/dev/shm/<prefix>...``); `close()` removes them all."""
+        return self._prefix
+
     def node_pids(self):
         """``{node: pid}`` of the running node processes."""
         return {n: h.pid for n, h in self._nodes.items()
