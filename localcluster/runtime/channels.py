@@ -9,9 +9,11 @@ channel there).
 
 A channel holds records -- tuples of arrays whose first axis is the batch.
 ``put`` blocks while the channel is full, ``get(n)`` until ``n`` records
-are queued or the channel is closed (then it takes what is left).  Waits
-are bounded: a hub that is *aborted* (its run was cancelled) wakes every
-waiter, which then raises `Cancelled`.
+are queued or the channel is closed (then it takes what is left).  A
+waiter sleeps on the channel's condition and is woken by whatever changes
+what it waits for: a put, a get, a close -- or the hub being *aborted*,
+which a cancelled run does (the hub subscribes to the run's `CancelEvent`),
+so the waiter raises `Cancelled` at once.  No wait polls.
 """
 
 import collections
@@ -23,8 +25,9 @@ from ..errors import Cancelled
 
 __all__ = ["LocalChannel", "ChannelHub"]
 
-#: seconds between checks of the run's cancellation while blocked
-WAIT_SLICE = 0.25
+#: seconds after which a waiter looks again even unwoken: a safety net
+#: only -- every state change notifies, so nothing depends on it
+SAFETY_WAKE = 5.0
 
 
 class LocalChannel:
@@ -46,7 +49,7 @@ class LocalChannel:
         with self._cond:
             while not self._closed and len(self._items) >= self.capacity:
                 self._check(cancelled)
-                self._cond.wait(WAIT_SLICE)
+                self._cond.wait(SAFETY_WAKE)
             self._check(cancelled)
             if self._closed:
                 return False
@@ -67,7 +70,7 @@ class LocalChannel:
         with self._cond:
             while not self._closed and len(self._items) < n:
                 self._check(cancelled)
-                self._cond.wait(WAIT_SLICE)
+                self._cond.wait(SAFETY_WAKE)
             self._check(cancelled)
             take = min(n, len(self._items))
             records = [self._items.popleft() for _ in range(take)]
@@ -86,14 +89,18 @@ class LocalChannel:
 
 
 class ChannelHub:
-    """The channels of one run, by queue id (made on first use)."""
+    """The channels of one run on one node, by queue id (made on first use
+    by ``factory(queue_id, capacity)``); aborted when ``cancelled`` (the
+    run's `CancelEvent`) is set."""
 
-    def __init__(self, factory=None):
+    def __init__(self, factory=None, cancelled=None):
         self._factory = factory or (lambda queue_id, capacity:
                                     LocalChannel(capacity))
         self._channels = {}
         self._lock = threading.Lock()
         self._aborted = False
+        if cancelled is not None:
+            cancelled.subscribe(self.abort)
 
     def channel(self, queue_id, capacity):
         found = self._channels.get(queue_id)  # made already: no lock needed

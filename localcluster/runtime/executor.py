@@ -36,6 +36,7 @@ import numpy as np
 from ..errors import BlobNotFoundError, Cancelled, TaskFailedError
 from ..kernels import registry
 from ..kernels.registry import OpContext
+from .cancel import CancelEvent
 
 __all__ = ["RunContext", "execute"]
 
@@ -60,7 +61,7 @@ class RunContext:
     def __init__(self, node, lock, cancelled=None, resources=None):
         self.node = node
         self.cancelled = cancelled if cancelled is not None \
-            else threading.Event()
+            else CancelEvent()
         self.op_context = OpContext(node, lock, self.cancelled,
                                     resources if resources is not None else {})
         self._compiled = {}

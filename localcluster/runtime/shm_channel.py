@@ -29,10 +29,10 @@ the slots back to the producer.
 
 All of a queue's writers are on one node and all its readers on another
 (the scheduler checks), so each side's words are only written by its own
-process, under a thread lock.  Every wait is a ``select`` on a FIFO in
-slices, checking the closed flag, the run's cancellation and the channel's
-abort, so a closed queue, a cancelled run or a dead peer (the master
-cancels the run) never leaves a node blocked.
+process, under a thread lock.  Every wait is one ``select`` on the FIFO
+*and* the run's cancellation fd (`CancelEvent.fileno`): a token, a close
+(which posts wake-up tokens) or a cancelled run -- also a dead peer, as
+the master then cancels the run -- wakes it at once; nothing polls.
 """
 
 import array
@@ -47,8 +47,8 @@ import threading
 import numpy as np
 
 from . import shm
-from ..errors import Cancelled
-from ..errors import PlanError
+from .cancel import CancelEvent
+from ..errors import Cancelled, PlanError
 
 __all__ = ["ChannelParts", "ShmChannel", "MAX_CAPACITY"]
 
@@ -59,7 +59,11 @@ __all__ = ["ChannelParts", "ShmChannel", "MAX_CAPACITY"]
 # of format "q"), never with struct.pack_into, which zeroes the field
 # before writing it (a reader could see 0).
 _CLOSED, _TAIL, _HEAD, _CAPACITY, _GENERATIONS = 0, 1, 2, 3, 4
+#: seconds between looks at a cancellation that has no fd (a plain
+#: `threading.Event` given by a caller outside the runtime)
 WAIT_SLICE = 0.05
+#: seconds after which a wait looks again even unwoken: a safety net only
+SAFETY_WAKE = 5.0
 _ALIGN = 64
 #: free tokens are slot ids, 2 bytes each; the FIFO holds 64 KiB
 MAX_CAPACITY = 16384
@@ -182,7 +186,10 @@ class ShmChannel:
     def _wait(self, fd, cancelled):
         if self._aborted or (cancelled is not None and cancelled.is_set()):
             raise Cancelled("queue wait ended: the run was cancelled")
-        select.select([fd], [], [], WAIT_SLICE)
+        if isinstance(cancelled, CancelEvent):
+            select.select([fd, cancelled.fileno()], [], [], SAFETY_WAKE)
+        else:
+            select.select([fd], [], [], WAIT_SLICE)
 
     def _post(self, fd, data):
         try:

@@ -1,19 +1,20 @@
-"""LocalSession: every node an in-process workspace, tasks on threads.
+"""LocalSession: every node a `NodeRuntime` in this process, run on threads.
 
 The reference semantics, and the fastest session for small tests.  Each
-node name gets its own `Workspace`, `RunContext` (compiled nets are kept
-across runs) and worker thread the first time it is used; a run hands each
-node's plan to its worker (or runs it on the calling thread when there is
-one node and no timeout), and the first failure cancels the others.  All
-nodes share one set of queue channels per run, so a queue between nodes
-is an in-process queue here.
+node name gets its own `NodeRuntime` (workspace, compiled nets, plan cache)
+and worker thread the first time it is used; a run hands each node's plan
+to its worker -- or runs it on the calling thread when there is one node
+and no timeout -- and the run driver (`driver.drive`) waits for them: the
+first failure cancels the others, a timeout cancels them all.  Every node
+of a run gets the same ``channels`` dict, so a queue between nodes is one
+in-process channel here.
 
-A run that times out is cancelled; its threads stop at their next op.  A
-thread stuck inside one op (a Python op that never returns) cannot be
-stopped in-process: if any is still running after a short grace period the
-session is marked broken (``is_open()`` is False) rather than left hung.
+A thread stuck inside one op (a Python op that never returns) cannot be
+stopped in-process: the driver's ``kill`` of such a node marks the session
+broken (``is_open()`` is False) rather than leave it hung.
 """
 
+import itertools
 import logging
 import os
 import queue
@@ -23,11 +24,9 @@ import time
 import numpy as np
 
 from ..errors import BlobNotFoundError, RunTimeoutError
-from ..runtime.channels import ChannelHub
-from ..errors import Cancelled
-from ..runtime.executor import RunContext
-from ..runtime.node import run_node_plan
-from ..runtime.workspace import Workspace
+from ..plan.validate import check_cross_node_queues, feedable
+from ..runtime.host import NodeRuntime
+from . import driver
 from .base import Session
 
 __all__ = ["LocalSession"]
@@ -43,40 +42,33 @@ class LocalSession(Session):
 
     def __init__(self):
         super().__init__()
-        self._workspaces = {}
-        self._contexts = {}
+        self._runtimes = {}
         self._workers = {}
+        self._rids = itertools.count(1)
 
     def __repr__(self):
-        return f"LocalSession(nodes={sorted(self._workspaces)}, " \
+        return f"LocalSession(nodes={sorted(self._runtimes)}, " \
                f"{self._state.value})"
 
     def node_pids(self):
         """``{node: pid}``: every node of this session is this process."""
-        return dict.fromkeys(self._workspaces, os.getpid())
+        return dict.fromkeys(self._runtimes, os.getpid())
 
-    def _workspace(self, node):
-        ws = self._workspaces.get(node)
-        if ws is None:
-            ws = self._workspaces[node] = Workspace(node)
-        return ws
+    def _runtime(self, node):
+        runtime = self._runtimes.get(node)
+        if runtime is None:
+            runtime = self._runtimes[node] = NodeRuntime(node)
+        return runtime
 
     def _close(self):
         for worker in self._workers.values():
             worker.put(None)
         self._workers.clear()
-        self._workspaces.clear()
-        self._contexts.clear()
+        for runtime in self._runtimes.values():
+            runtime.close()
+        self._runtimes.clear()
 
     # -- running ----------------------------------------------------------------
-
-    def _context(self, node):
-        rc = self._contexts.get(node)
-        if rc is None:
-            ws = self._workspace(node)
-            rc = self._contexts[node] = RunContext(
-                node, ws.lock, resources={"workspace": ws})
-        return rc
 
     def _worker(self, node):
         worker = self._workers.get(node)
@@ -87,100 +79,45 @@ class LocalSession(Session):
         return worker
 
     def _run_plans(self, plans, timeout):
-        contexts = {p.node: self._context(p.node) for p in plans}
-        hub = ChannelHub()  # queues start empty and open at every run
-        for rc in contexts.values():
-            rc.begin(trace=self.trace_steps)
-            rc.op_context.resources["queues"] = hub
+        check_cross_node_queues(plans)
+        rid = next(self._rids)
+        channels = {}  # queues start empty and open at every run
+        trace = self.trace_steps
         if len(plans) == 1 and timeout is None:
             plan = plans[0]
+            runtime = self._runtime(plan.node)
             try:
-                result = {plan.node: run_node_plan(
-                    plan, self._workspace(plan.node), contexts[plan.node])}
-                self._node_done(plan.node)
-                return result
+                result = runtime.run(rid, plan, channels, trace)
             except BaseException:
-                contexts[plan.node].cancelled.set()
-                hub.abort()
+                runtime.cancel(rid)
                 raise
-        done = queue.SimpleQueue()
-
-        def cancel_all():
-            for rc in contexts.values():
-                rc.cancelled.set()
-            hub.abort()
-
+            self._finished(plan.node, result)
+            return {plan.node: result.outputs}
+        io = _ThreadRunIO(self, timeout)
         for plan in plans:
             self._worker(plan.node).put(
-                (plan, self._workspace(plan.node), contexts[plan.node],
-                 done, cancel_all))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        results, errors, pending = {}, [], len(plans)
-        try:
-            while pending:
-                wait = None if deadline is None else deadline - time.monotonic()
-                if wait is not None and wait <= 0:
-                    raise queue.Empty
-                node, result, exc = done.get(timeout=wait)
-                pending -= 1
-                if exc is None:
-                    results[node] = result
-                    self._node_done(node)
-                else:
-                    errors.append(exc)
-                    break
-        except queue.Empty:
-            cancel_all()
-            _, stuck = self._collect(done, pending)
-            raise RunTimeoutError(
-                f"run did not finish within {timeout} s; it was cancelled"
-                + (f" ({stuck} node thread(s) did not stop, so the session "
-                   "is now broken)" if stuck else "")) from None
-        except BaseException:
-            cancel_all()
-            self._collect(done, pending)
-            raise
-        if errors:
-            errors.extend(self._collect(done, pending)[0])
-            real = [e for e in errors if not isinstance(e, Cancelled)]
-            raise (real or errors)[0]
-        return results
+                (self._runtime(plan.node), rid, plan, channels, trace,
+                 io.events))
+        state = driver.start([p.node for p in plans], rid, time.monotonic(),
+                             timeout)
+        return driver.drive(state, io, CANCEL_GRACE, timeout)
 
-    def _node_done(self, node):
-        super()._node_done(node)
-        trace = self._contexts[node].trace
-        if trace is not None:
-            self.last_run_trace[node] = trace
-
-    def _collect(self, done, pending):
-        """(errors, threads still running) of a cancelled run's other nodes,
-        waiting for them at most CANCEL_GRACE seconds."""
-        errors = []
-        deadline = time.monotonic() + CANCEL_GRACE
-        while pending:
-            try:
-                _, _, exc = done.get(timeout=max(0.0, deadline -
-                                                 time.monotonic()))
-            except queue.Empty:
-                self._mark_broken(
-                    f"{pending} node thread(s) did not stop within "
-                    f"{CANCEL_GRACE} s of a cancelled run")
-                break
-            pending -= 1
-            if exc is not None:
-                errors.append(exc)
-        return errors, pending
+    def _finished(self, node, result):
+        self._node_done(node)
+        if result.trace is not None:
+            self.last_run_trace[node] = result.trace
 
     # -- blobs ---------------------------------------------------------------------
 
     def fetch_blob(self, name, node="local", copy=True):
         self._check_open()
-        ws = self._workspaces.get(str(node))
-        value = ws.get_or_none(str(name)) if ws is not None else None
+        runtime = self._runtimes.get(str(node))
+        value = runtime.fetch(name) if runtime is not None else None
         if value is None:
             raise BlobNotFoundError(
-                name, node, "no run on that node wrote it" if ws is not None
-                else "that node has not run anything in this session")
+                name, node, "no run on that node wrote it" if runtime
+                is not None else "that node has not run anything in this "
+                "session")
         if copy:
             return np.array(value, copy=True)
         view = value.view()  # read-only, as under LocalHostScheduler
@@ -189,22 +126,63 @@ class LocalSession(Session):
 
     def feed_blob(self, name, value, node="local"):
         self._check_open()
-        array = np.array(value, copy=True)
-        if array.dtype == object:
-            raise TypeError(
-                f"feed_blob({name!r}): value must be numeric array-like, got "
-                f"{type(value).__name__}")
-        self._workspace(str(node)).set(str(name), array)
+        self._runtime(str(node)).feed(name, feedable(name, value))
 
     def blobs(self, node="local"):
         self._check_open()
-        ws = self._workspaces.get(str(node))
-        return sorted(ws.local_names()) if ws is not None else []
+        runtime = self._runtimes.get(str(node))
+        return runtime.blobs() if runtime is not None else []
 
     def has_blob(self, name, node="local"):
         self._check_open()
-        ws = self._workspaces.get(str(node))
-        return ws is not None and ws.has(str(name))
+        runtime = self._runtimes.get(str(node))
+        return runtime is not None and runtime.has(name)
+
+
+class _ThreadRunIO(driver.RunIO):
+    """The driver's I/O for nodes on worker threads."""
+
+    def __init__(self, session, timeout):
+        self.session = session
+        self.timeout = timeout
+        self.events = queue.SimpleQueue()   # (node, result, error)
+
+    now = staticmethod(time.monotonic)
+
+    def wait(self, timeout):
+        try:
+            first = self.events.get(timeout=timeout)
+        except queue.Empty:
+            return []
+        found = [first]
+        while True:
+            try:
+                found.append(self.events.get_nowait())
+            except queue.Empty:
+                break
+        return [self._event(*item) for item in found]
+
+    def _event(self, node, result, error):
+        if error is not None:
+            return (driver.FAILED, node, error)
+        self.session._finished(node, result)
+        return (driver.DONE, node, result.outputs)
+
+    def cancel(self, nodes, rid):
+        for node in nodes:
+            self.session._runtime(node).cancel(rid)
+
+    def kill(self, nodes):
+        # a thread cannot be stopped from outside: the session breaks
+        self.session._mark_broken(
+            f"{len(nodes)} node thread(s) did not stop within "
+            f"{CANCEL_GRACE} s of a cancelled run")
+
+    def timeout_error(self, timeout, late, killed):
+        return RunTimeoutError(
+            f"run did not finish within {timeout} s; it was cancelled"
+            + (f" ({len(killed)} node thread(s) did not stop, so the session "
+               "is now broken)" if killed else ""))
 
 
 def _work(jobs):
@@ -213,11 +191,10 @@ def _work(jobs):
         job = jobs.get()
         if job is None:
             return
-        plan, workspace, rc, done, cancel_all = job
+        runtime, rid, plan, channels, trace, events = job
         try:
-            result = run_node_plan(plan, workspace, rc)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            cancel_all()
-            done.put((plan.node, None, exc))
+            result = runtime.run(rid, plan, channels, trace)
+        except BaseException as exc:  # noqa: BLE001 - handed to the driver
+            events.put((plan.node, None, exc))
         else:
-            done.put((plan.node, result, None))
+            events.put((plan.node, result, None))

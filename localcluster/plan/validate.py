@@ -1,0 +1,71 @@
+"""Checks that decide whether a run is valid, made once for every session.
+
+A session calls these before it starts anything, so LocalSession refuses
+exactly what LocalHostScheduler (or any later session) would:
+
+- `check_cross_node_queues(plans)`: a queue used on more than one node
+  takes its writers from one node and its readers from one node (a
+  cross-process channel guards each side with a lock of its own process);
+  returns ``{queue id: capacity}`` of those queues;
+- `feedable(name, value)`: the array ``session.feed_blob`` stores -- a
+  numeric copy; an object array cannot live in a node's workspace.
+"""
+
+import numpy as np
+
+from ..errors import PlanError
+
+__all__ = ["queues_of", "check_cross_node_queues", "feedable"]
+
+_QUEUE_ROLES = {"EnqueueRecord": "writes", "DequeueRecords": "reads"}
+
+
+def queues_of(plan):
+    """``{queue id: (capacity, roles)}`` of the queue ops in ``plan``."""
+    found = {}
+    for net in plan.step.walk_nets():
+        for op in net.ops:
+            if "queue" in op.args:
+                capacity, roles = found.get(op.args["queue"],
+                                            (op.args["capacity"], set()))
+                if op.type in _QUEUE_ROLES:
+                    roles.add(_QUEUE_ROLES[op.type])
+                found[op.args["queue"]] = (capacity, roles)
+    return found
+
+
+def check_cross_node_queues(plans, queues=None):
+    """``{queue id: capacity}`` of the queues ``plans`` use on more than
+    one node; a `PlanError` if one has writers (or readers) on several.
+
+    ``queues`` may give `queues_of` of each plan by node, when the caller
+    keeps it."""
+    users = {}
+    for plan in plans:
+        found = queues[plan.node] if queues is not None else queues_of(plan)
+        for queue, (capacity, roles) in found.items():
+            users.setdefault(queue, (capacity, {}))[1][plan.node] = roles
+    shared = {}
+    for queue, (capacity, by_node) in users.items():
+        if len(by_node) < 2:
+            continue
+        for role in ("writes", "reads"):
+            nodes = sorted(n for n, roles in by_node.items() if role in roles)
+            if len(nodes) > 1:
+                raise PlanError(
+                    f"queue {queue!r} has tasks on nodes {nodes} that all "
+                    f"{role[:-1]} it; a queue between node processes takes "
+                    "its writers from one node and its readers from one node"
+                    " -- use one queue per producing node")
+        shared[queue] = capacity
+    return shared
+
+
+def feedable(name, value):
+    """``value`` as the numeric array a node's workspace stores."""
+    array = np.array(value, copy=True)
+    if array.dtype.hasobject:
+        raise TypeError(
+            f"feed_blob({name!r}): value must be numeric array-like, got "
+            f"{type(value).__name__}")
+    return array
