@@ -19,8 +19,9 @@ ends with the number of output bytes the node had sent by then (see
 `_logpump`).  A run message ends with options (``{"trace": bool}``); a
 run's payload is ``{"outputs": {name: descriptor}, "seconds": s, "trace":
 spans or None}``; a
-descriptor ``(segment, offset, shape, dtype)`` locates a value in shared
-memory.  Errors travel as plain data (`error_info`) -- class kind, message,
+descriptor is a dict: ``{"segment", "offset", "shape", "dtype"}`` locates a
+value in shared memory (a fetched blob has no offset), ``{"inline":
+array}`` carries one that lives in no segment.  Errors travel as plain data (`error_info`) -- class kind, message,
 attributes and the formatted traceback -- and are rebuilt in the master
 (`rebuild_error`) with the node's traceback as ``__cause__``.
 
@@ -34,12 +35,13 @@ A second, one-way pipe per node carries the node's stdout/stderr as
 import pickle
 import traceback
 
+from ..runtime import host
 from ..errors import (BlobNotFoundError, LocalClusterError, PlanError,
                       RemoteTraceback, TaskFailedError)
 from ..errors import Cancelled
 
 #: plans a node keeps (first in, first out)
-PLAN_CACHE = 64
+PLAN_CACHE = host.PLAN_CACHE
 
 RUN, FETCH, FEED, BLOBS, HAS, SHUTDOWN = (
     "run", "fetch", "feed", "blobs", "has", "shutdown")

@@ -1,0 +1,286 @@
+"""The master's handle on one node process: spawn, ready, reap, kill, and
+the error that describes a death.
+
+A `NodeHandle` is one incarnation of a node: its process, its duplex pipe,
+its output stream (`_logpump`), its shared control word (the run id to
+cancel) and the mirror of the plans it keeps.  A restart is a new handle.
+
+`wait_events(handles, deadline)` is the one wait of the master: a single
+``poll`` on the handles' pipes *and* process sentinels, so a reply and a
+death are seen alike, at once, and no wait is unbounded by accident
+(``deadline`` is on the `time.monotonic` clock; None waits until
+something happens).  A run keeps a `Poller` over every live node so its
+wait is one system call; the other waits (start-up, a request, shutdown)
+pass the handles they wait for.
+"""
+
+import collections
+import enum
+import functools
+import logging
+import math
+import os
+import select
+import signal
+import sys
+import threading
+import time
+import weakref
+
+import numpy as np
+
+from ..errors import NodeFailedError
+from ..runtime import shm
+from . import _protocol as P
+from ._node import EXIT_MEMORY, NodeSpec, node_main
+
+__all__ = ["NodeState", "NodeHandle", "Poller", "wait_events", "CONN",
+           "SENTINEL", "await_ready", "START_TIMEOUT", "SHUTDOWN_STEP"]
+
+log = logging.getLogger(__name__)
+
+#: seconds a node gets to start and report ready
+START_TIMEOUT = 30.0
+#: seconds for each step of shutdown: ask, SIGTERM, SIGKILL
+SHUTDOWN_STEP = 1.0
+
+CONN, SENTINEL = "conn", "sentinel"
+
+#: every live handle of this process, whatever scheduler made it: a forked
+#: node closes their pipe ends so that EOF reaches the nodes that need it
+_live = weakref.WeakSet()
+
+
+class NodeState(enum.Enum):
+    IDLE = "idle"
+    RUNNING = "running"
+    DEAD = "dead"
+
+
+class NodeHandle:
+    """The master's handle on one node process (one incarnation)."""
+
+    def __init__(self, name, prefix, kwargs):
+        self.name = name
+        self.prefix = prefix
+        self.kwargs = kwargs
+        self.process = None
+        self.conn = None
+        self.log = None       # LogPump stream
+        self.state = NodeState.IDLE
+        self.pid = None
+        self.plans = collections.OrderedDict()  # mirror of the node's cache
+        self.control = None   # shared int64: the run id to cancel
+        self.control_word = None
+
+    def __repr__(self):
+        return f"NodeHandle({self.name!r}, pid={self.pid}, {self.state.value})"
+
+    def send(self, msg):
+        P.send(self.conn, msg)
+
+    def alive(self):
+        return self.state is not NodeState.DEAD
+
+    # -- start --------------------------------------------------------------
+
+    @classmethod
+    def spawn(cls, ctx, name, prefix, kwargs, pump, extra_ends=()):
+        """Start the node process; returns before it is ready."""
+        handle = cls(name, prefix, dict(kwargs))
+        master_conn, node_conn = ctx.Pipe(duplex=True)
+        log_r, log_w = ctx.Pipe(duplex=False)
+        fork = ctx.get_start_method() == "fork"
+        handle.control = shm.create_segment(prefix + "ctl", 8)
+        handle.control_word = np.ndarray(1, np.int64, buffer=handle.control)
+        # A forked child closes its copies of every master-side pipe end --
+        # its own included -- so that EOF reaches the nodes that need it.
+        inherited = (functools.partial(
+            _close_all_of, [h.conn for h in _live if h.conn is not None]
+            + list(extra_ends) + [master_conn, log_r]) if fork else None)
+        spec = NodeSpec(name, prefix, handle.kwargs, os.getpid(),
+                        pdeathsig=ctx.get_start_method() != "forkserver" and
+                        threading.current_thread() is threading.main_thread(),
+                        control=prefix + "ctl", close_inherited=inherited)
+        process = ctx.Process(target=node_main, args=(spec, node_conn, log_w),
+                              name=f"lc-node-{name}", daemon=False)
+        # Unflushed output would be written again by the forked child.
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        process.start()
+        # Close our copies of the child's ends now, before the next fork,
+        # so a node's EOF means what it says.
+        node_conn.close()
+        log_w.close()
+        try:
+            os.setpgid(process.pid, process.pid)
+        except OSError:
+            pass  # the child did it first
+        handle.process, handle.conn, handle.pid = process, master_conn, \
+            process.pid
+        handle.log = pump.add(log_r, name)
+        _live.add(handle)
+        log.debug("started node %r (pid %d)", name, process.pid)
+        return handle
+
+    # -- stop ---------------------------------------------------------------
+
+    def killpg(self, sig):
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def reap(self, wait=SHUTDOWN_STEP):
+        """Collect a (dying) node: join it, kill what it started, close its
+        pipe, sweep its segments."""
+        self.process.join(wait)
+        # Processes the node started share its group: they go with it (the
+        # unreaped leader still holds the group id).
+        self.killpg(signal.SIGKILL)
+        if self.process.is_alive():
+            self.process.join(SHUTDOWN_STEP)
+        self.state = NodeState.DEAD
+        _live.discard(self)
+        self.conn.close()
+        self.log.closed.wait(0.5)
+        shm.sweep(self.prefix)
+
+    def kill(self):
+        self.killpg(signal.SIGKILL)
+        self.reap()
+
+    def death_error(self, during):
+        """Reap a dead node; the NodeFailedError describing its death."""
+        self.reap()
+        code = self.process.exitcode
+        signame = signal_name(code)
+        lines = self.log.last if self.log else ()
+        if code == EXIT_MEMORY:
+            cause = "it exceeded its memory_limit"
+        elif signame == "SIGKILL":
+            cause = ("likely killed by the OOM killer or a test" +
+                     (f" (memory_limit={self.kwargs['memory_limit']})"
+                      if self.kwargs.get("memory_limit") else ""))
+        elif signame == "SIGSEGV":
+            cause = "it crashed (segmentation fault) in native code"
+        elif signame:
+            cause = f"it was killed by {signame}"
+        else:
+            cause = f"it exited with status {code}"
+        what = f"{signame}, exit {code}" if signame else f"exit {code}"
+        tail = "; last log lines:\n  " + "\n  ".join(lines) if lines else ""
+        return NodeFailedError(
+            f"node {self.name!r} died ({what}) while {during}; {cause}; "
+            f"it restarts with an empty workspace on the next run{tail}",
+            node=self.name, exitcode=code, signal_name=signame,
+            last_log_lines=lines)
+
+
+def signal_name(exitcode):
+    if exitcode is not None and exitcode < 0:
+        try:
+            return signal.Signals(-exitcode).name
+        except ValueError:
+            return f"signal {-exitcode}"
+    return None
+
+
+def _close_all_of(connections):
+    """In a forked node: close the inherited master-side connections."""
+    for conn in connections:
+        try:
+            conn.close()
+        except OSError:
+            pass
+
+
+# -- waiting ----------------------------------------------------------------
+
+
+class Poller:
+    """One persistent poll set over live nodes' pipes and sentinels."""
+
+    def __init__(self):
+        self._poll = select.poll()
+        self._fds = {}
+
+    def add(self, handle, kinds=(CONN, SENTINEL)):
+        for fd, kind in ((handle.conn.fileno(), CONN),
+                         (handle.process.sentinel, SENTINEL)):
+            if kind in kinds:
+                self._poll.register(fd, select.POLLIN)
+                self._fds[fd] = (handle, kind)
+
+    def remove(self, handle):
+        for fd, (owner, _) in list(self._fds.items()):
+            if owner is handle:
+                self._poll.unregister(fd)
+                del self._fds[fd]
+
+    def wait(self, deadline):
+        """``(handle, kind)`` of what is ready before ``deadline``."""
+        if deadline is None:
+            ms = None
+        else:
+            ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
+        return [self._fds[fd] for fd, _ in self._poll.poll(ms)
+                if fd in self._fds]
+
+
+def wait_events(handles, deadline, kinds=(CONN, SENTINEL)):
+    """``(handle, kind)`` of the ``handles``' pipes and sentinels (or only
+    the ``kinds`` asked for) that are ready before ``deadline`` (monotonic
+    seconds; None: no bound); an empty list when the deadline passed
+    first."""
+    poller = Poller()
+    for handle in handles:
+        if handle.conn is not None and not handle.conn.closed:
+            poller.add(handle, kinds)
+    return poller.wait(deadline)
+
+
+def await_ready(handles):
+    """Wait for each new node's READY; kill them all and raise if one does
+    not start (its NodeFailedError says why)."""
+    deadline = time.monotonic() + START_TIMEOUT
+    waiting = set(handles)
+    problems = []
+    while waiting:
+        ready = wait_events(waiting, deadline)
+        if not ready:
+            for handle in waiting:
+                handle.kill()
+            names = sorted(h.name for h in waiting)
+            raise NodeFailedError(
+                f"node(s) {names} did not start within {START_TIMEOUT} s",
+                node=names[0])
+        for handle, kind in ready:
+            if handle not in waiting:
+                continue
+            waiting.discard(handle)
+            problem = _ready_problem(handle, kind)
+            if problem is not None:
+                problems.append(problem)
+    if problems:
+        raise problems[0]
+
+
+def _ready_problem(handle, kind):
+    """None when ``handle`` said READY; else its NodeFailedError."""
+    if kind == SENTINEL and not handle.conn.poll(0):
+        return handle.death_error("starting")
+    try:
+        msg = P.recv(handle.conn)
+    except (EOFError, OSError):
+        return handle.death_error("starting")
+    if msg[2] is None:
+        return None
+    handle.reap()
+    return NodeFailedError(
+        f"node {handle.name!r} could not start: {msg[2]}; check its "
+        "Node(...) options", node=handle.name)

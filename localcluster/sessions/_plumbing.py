@@ -1,0 +1,135 @@
+"""Process plumbing of a node process: what makes a forked process a node.
+
+`_node` (the pipe loop around one `NodeRuntime`) calls these once at
+start-up: the parent-death signal, so no node outlives its master; the
+redirection of fds 1 and 2 into a pipe the master reads (`Output`), so
+node output reaches the master's terminal tagged with the node's name
+and before the reply of the run that wrote it; and the Node options that
+are process limits (``env``, ``cpus``, ``memory_limit``).  Nothing here
+knows of plans or runs.
+"""
+
+import ctypes
+import io
+import logging
+import os
+import resource
+import select
+import selectors
+import sys
+import threading
+
+import psutil
+
+__all__ = ["set_parent_death_signal", "Output", "apply_node_options"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(sig):
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: pipe EOF still ends the node
+
+
+class Output:
+    """Sends everything written to fds 1 and 2 to the master, tagged.
+
+    A thread forwards output as it comes; `drain` (called before a reply)
+    forwards what is left and returns how many bytes were sent in all, so
+    the master can wait until it has shown a run's output before the run
+    returns.
+    """
+
+    def __init__(self, log_conn):
+        self.conn = log_conn
+        self.lock = threading.Lock()
+        self.sent = 0
+        self.pipes = {}
+        for fd, tag in ((1, "out"), (2, "err")):
+            r, w = os.pipe()
+            os.dup2(w, fd)
+            os.close(w)
+            os.set_blocking(r, False)
+            self.pipes[r] = tag
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False),
+                                      line_buffering=True)
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False),
+                                      line_buffering=True)
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.StreamHandler) and \
+                    not isinstance(handler, logging.FileHandler):
+                handler.setStream(sys.stderr)
+        threading.Thread(target=self._pump, daemon=True,
+                         name="lc:output").start()
+
+    def _forward(self, fd):
+        """Forward what fd has now; False at EOF."""
+        with self.lock:
+            while True:
+                try:
+                    data = os.read(fd, 65536)
+                except BlockingIOError:
+                    return True
+                if not data:
+                    return False
+                try:
+                    self.conn.send((self.pipes[fd], data))
+                except (OSError, EOFError):
+                    return False
+                self.sent += len(data)
+
+    def _pump(self):
+        sel = selectors.DefaultSelector()
+        for fd in self.pipes:
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map():
+            for key, _ in sel.select():
+                if not self._forward(key.fd):
+                    sel.unregister(key.fd)
+
+    def drain(self):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        ready, _, _ = select.select(list(self.pipes), [], [], 0)
+        for fd in ready:
+            self._forward(fd)
+        return self.sent
+
+
+def apply_node_options(kwargs):
+    """Apply env, cpus and memory_limit; returns a problem text or None."""
+    env = kwargs.get("env")
+    if env:
+        os.environ.update(env)
+    cpus = kwargs.get("cpus")
+    if cpus:
+        try:
+            psutil.Process().cpu_affinity(list(cpus))
+        except (OSError, ValueError, psutil.Error) as exc:
+            return f"cannot pin to cpus {list(cpus)}: {exc}"
+    limit = kwargs.get("memory_limit")
+    if limit:
+        # RLIMIT_DATA counts heap and private mappings (numpy's buffers),
+        # not the shared-memory blobs; the limit is on top of what the
+        # idle node process already uses.
+        baseline = _data_size()
+        try:
+            resource.setrlimit(resource.RLIMIT_DATA,
+                               (baseline + int(limit), baseline + int(limit)))
+        except (ValueError, OSError) as exc:
+            return f"cannot set memory_limit={limit}: {exc}"
+    return None
+
+
+def _data_size():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    return 0
