@@ -8,6 +8,7 @@ readers never read one record twice and concurrent writers never lose one.
 
 import numpy as np
 
+from ..errors import Cancelled
 from .registry import register_op
 
 

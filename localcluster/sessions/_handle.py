@@ -35,7 +35,8 @@ from . import _protocol as P
 from ._node import EXIT_MEMORY, NodeSpec, node_main
 
 __all__ = ["NodeState", "NodeHandle", "Poller", "wait_events", "CONN",
-           "SENTINEL", "await_ready", "START_TIMEOUT", "SHUTDOWN_STEP"]
+           "SENTINEL", "await_ready", "read_goodbyes", "join_all",
+           "START_TIMEOUT", "SHUTDOWN_STEP"]
 
 log = logging.getLogger(__name__)
 
@@ -284,3 +285,45 @@ def _ready_problem(handle, kind):
     return NodeFailedError(
         f"node {handle.name!r} could not start: {msg[2]}; check its "
         "Node(...) options", node=handle.name)
+
+
+def read_goodbyes(handles, deadline):
+    """Read each node's answer to SHUTDOWN: a node whose pipe ends without
+    its ``bye`` crashed while shutting down (said in the log)."""
+    waiting = set(handles)
+    while waiting:
+        ready = wait_events(waiting, deadline, kinds=(CONN,))
+        if not ready:
+            break
+        for handle, _ in ready:
+            try:
+                msg = P.recv(handle.conn)
+            except (EOFError, OSError):
+                waiting.discard(handle)
+                handle.process.join(SHUTDOWN_STEP)
+                log.warning(
+                    "node %r crashed while shutting down (exit %s) before it"
+                    " said goodbye", handle.name, handle.process.exitcode)
+                continue
+            if msg[0] == P.BYE:
+                waiting.discard(handle)
+
+
+def join_all(handles, timeout):
+    """Reap the nodes that exit within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    waiting = set(handles)
+    while waiting:
+        ready = wait_events(waiting, deadline, kinds=(SENTINEL,))
+        if not ready:
+            return
+        for handle, _ in ready:
+            waiting.discard(handle)
+            # What the node started goes with it; then a blocking join
+            # (the sentinel closes a moment before the exit can be
+            # collected, so not join(0)) reaps the leader.
+            try:
+                os.killpg(handle.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            handle.process.join(SHUTDOWN_STEP)

@@ -47,7 +47,8 @@ from ..task import Cluster
 from . import _protocol as P
 from . import driver
 from ._handle import (CONN, SENTINEL, SHUTDOWN_STEP, START_TIMEOUT,
-                      NodeHandle, NodeState, Poller, await_ready, wait_events)
+                      NodeHandle, NodeState, Poller, await_ready, join_all,
+                      read_goodbyes, wait_events)
 from ._logpump import LogPump
 from ._prepare import Prepared, QueueChannels, run_message
 from ._shmread import SegmentReader
@@ -320,8 +321,8 @@ class LocalHostScheduler(Session):
                 asked.append(handle)
             except (OSError, EOFError):
                 pass
-        _read_goodbyes(asked, time.monotonic() + SHUTDOWN_STEP)
-        _join_all(live, SHUTDOWN_STEP)
+        read_goodbyes(asked, time.monotonic() + SHUTDOWN_STEP)
+        join_all(live, SHUTDOWN_STEP)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             alive = [h for h in live if h.process.is_alive()]
             if not alive:
@@ -330,7 +331,7 @@ class LocalHostScheduler(Session):
                         [h.name for h in alive], sig.name)
             for handle in alive:
                 handle.killpg(sig)
-            _join_all(alive, SHUTDOWN_STEP)
+            join_all(alive, SHUTDOWN_STEP)
         for handle in live:
             handle.reap()
 
@@ -452,48 +453,6 @@ class _ProcessRunIO(driver.RunIO):
         return RunTimeoutError(
             f"run did not finish within {timeout} s (still running: "
             f"{late}){what}")
-
-
-def _read_goodbyes(handles, deadline):
-    """Read each node's answer to SHUTDOWN: a node whose pipe ends without
-    its ``bye`` crashed while shutting down (said in the log)."""
-    waiting = set(handles)
-    while waiting:
-        ready = wait_events(waiting, deadline, kinds=(CONN,))
-        if not ready:
-            break
-        for handle, _ in ready:
-            try:
-                msg = P.recv(handle.conn)
-            except (EOFError, OSError):
-                waiting.discard(handle)
-                handle.process.join(SHUTDOWN_STEP)
-                log.warning(
-                    "node %r crashed while shutting down (exit %s) before it"
-                    " said goodbye", handle.name, handle.process.exitcode)
-                continue
-            if msg[0] == P.BYE:
-                waiting.discard(handle)
-
-
-def _join_all(handles, timeout):
-    """Reap the nodes that exit within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    waiting = set(handles)
-    while waiting:
-        ready = wait_events(waiting, deadline, kinds=(SENTINEL,))
-        if not ready:
-            return
-        for handle, _ in ready:
-            waiting.discard(handle)
-            # What the node started goes with it; then a blocking join
-            # (the sentinel closes a moment before the exit can be
-            # collected, so not join(0)) reaps the leader.
-            try:
-                os.killpg(handle.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            handle.process.join(SHUTDOWN_STEP)
 
 
 def _check_cpus(name, kwargs):
