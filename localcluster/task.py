@@ -261,6 +261,12 @@ class Task(Managed):
     def workspace_type(self):
         return self._workspace_type
 
+    @property
+    def requested_workspace_type(self):
+        """The workspace type given when the task was made (None if none):
+        what running the task alone uses, whatever its group settled."""
+        return self._requested_workspace_type
+
     # -- outputs -------------------------------------------------------------------
 
     def add_output(self, output):

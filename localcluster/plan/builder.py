@@ -92,7 +92,18 @@ class NetBuilder(Managed):
             self._current_net = net
         return self._current_net
 
+    @property
+    def children(self):
+        """The nets, steps and nested builders added so far, in order."""
+        return tuple(self._children)
+
     # -- stopping -----------------------------------------------------------------
+
+    @property
+    def has_stop_blob(self):
+        """Whether the builder has a stop blob (then it repeats until it
+        stops), without making one as `stop_blob` does."""
+        return self._stop_blob is not None
 
     def stop_blob(self):
         """This builder's stop blob, created (and reset on entry) on demand."""

@@ -143,8 +143,13 @@ class Net:
 
     @property
     def ops(self):
-        """The ops, in order (a read-only tuple)."""
+        """The ops, in order (a read-only tuple, copied on each call)."""
         return tuple(self._ops)
+
+    @property
+    def num_ops(self):
+        """How many ops the net has (no copy: the runtime asks each run)."""
+        return len(self._ops)
 
     def __repr__(self):
         return f"Net({self._name!r}, {len(self._ops)} ops)"
