@@ -37,7 +37,7 @@ from ..errors import PlanError
 from .net import BlobRef, Net
 from .setup import (LOCAL_SETUP, REPORT_STEP, TASK_INSTANCE_SETUP, TASK_SETUP,
                     SetupNets)
-from .step import execution_step, to_execution_step
+from .step import ExecutionStep, execution_step, to_execution_step
 
 __all__ = ["NetBuilder", "ops", "Ops"]
 
@@ -72,7 +72,6 @@ class NetBuilder(Managed):
     def add(self, child):
         """Append a net, a step or a nested builder; returns it."""
         self._assert_mutable()
-        from .step import ExecutionStep
         if not isinstance(child, (Net, ExecutionStep, NetBuilder)):
             raise PlanError(
                 f"cannot add {type(child).__name__} {child!r} to {self!r}; "

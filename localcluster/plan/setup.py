@@ -6,9 +6,14 @@ where key is one of `TASK_SETUP` (before/after the whole task, once),
 workspace) or `LOCAL_SETUP` (before/after everything a TaskGroup runs on a
 node, once per run).  The task model collects them when it builds a task's
 step; the same object found on several nets runs once.
+
+This module registers, with `localcluster.plan.net`, what may be attached
+under each of its keys, so a bad attachment fails where it is made.
 """
 
 from ..errors import PlanError
+from .net import Net, register_attribute_check
+from .step import ExecutionStep
 
 __all__ = ["SetupNets", "TASK_SETUP", "TASK_INSTANCE_SETUP", "LOCAL_SETUP",
            "REPORT_STEP", "check_attribute"]
@@ -34,8 +39,6 @@ class SetupNets:
 
 
 def _as_list(nets, what):
-    from .net import Net
-    from .step import ExecutionStep
     if nets is None:
         return []
     if isinstance(nets, (Net, ExecutionStep)):
@@ -50,7 +53,7 @@ def _as_list(nets, what):
 
 
 def check_attribute(key, obj):
-    from .step import ExecutionStep
+    """Raise `PlanError` unless ``obj`` may be attached under ``key``."""
     if key in SETUP_KEYS and not isinstance(obj, SetupNets):
         raise PlanError(
             f"attribute {key!r} needs a SetupNets, got {type(obj).__name__};"
@@ -59,3 +62,8 @@ def check_attribute(key, obj):
         raise PlanError(
             f"attribute {key!r} needs an ExecutionStep, got "
             f"{type(obj).__name__}")
+
+
+for _key in SETUP_KEYS + (REPORT_STEP,):
+    register_attribute_check(_key, check_attribute)
+del _key
