@@ -71,18 +71,19 @@ def _process(processor, record, name):
     with NetBuilder(name=name) as builder:
         out = processor(record) if processor is not None else record
     out = _normalize(out)
+    children = builder.children
     if out.nets is not None:
-        if builder._children:
+        if children:
             raise PlanError(
                 f"processor of {name!r} both used the ops DSL and returned "
                 "nets; do one or the other")
         return out, out.nets
-    if builder._stop_blob is None and all(isinstance(c, Net)
-                                          for c in builder._children):
+    if not builder.has_stop_blob and all(isinstance(c, Net)
+                                         for c in children):
         # Plain nets join the pipe's loop as they are: one step of nets
         # runs much faster than a step per net.
-        return out, list(builder._children)
-    return out, ([to_execution_step(builder)] if builder._children else [])
+        return out, list(children)
+    return out, ([to_execution_step(builder)] if children else [])
 
 
 class ProcessingReader(Reader):

@@ -6,11 +6,16 @@ tree.  `analyze` walks the per-node plans in the order they would run and
 raises `PlanError` for a blob read before anything on that node wrote it,
 and for a blob written by two steps that run concurrently on one node
 (two tasks of a group, or concurrent substeps).
+
+Both only look: they fold groups with `TaskGroup.grouped_view` and
+`localcluster.plan.grouping`, which neither fix a group or task (it can
+still change and run afterwards) nor register nodes or take names.
 """
 
 import numpy as np
 
 from .errors import PlanError
+from .plan.grouping import TaskPlan, fold_by_node
 from .plan.net import Net
 from .plan.node_plan import WorkspaceType
 from .plan.step import ExecutionStep
@@ -81,7 +86,7 @@ def _render_task(task, depth, lines):
     if outputs:
         lines.append(_INDENT * (depth + 1) + "outputs: " +
                      ", ".join(str(o) for o in outputs))
-    _render_step(task.get_step(), depth + 1, lines)
+    _render_step(task.planned_step(), depth + 1, lines)
 
 
 def _step_options(step):
@@ -155,23 +160,29 @@ def analyze(obj):
     elif isinstance(obj, TaskGroup):
         _analyze_group(obj, defined)
     elif isinstance(obj, Task):
-        group = TaskGroup()
-        solo = Task(step=obj.get_step(), node=obj.node, group=group,
-                    workspace_type=obj.workspace_type() or
-                    WorkspaceType.GLOBAL)
-        _analyze_group(group, defined, solo.workspace_type())
+        # as a session runs a Task alone: a group of just it, GLOBAL unless
+        # the task says otherwise
+        folded = fold_by_node([TaskPlan(obj.node, obj.planned_step())])
+        _analyze_plans(folded, obj.workspace_type() or WorkspaceType.GLOBAL,
+                       defined)
     else:
         raise TypeError(f"analyze needs a Job, TaskGroup or Task, got "
                         f"{type(obj).__name__}")
 
 
-def _analyze_group(group, defined, wtype=None):
-    wtype = wtype or group.workspace_type()
-    for task in group.grouped_view().tasks():
-        node_defined = defined.setdefault(task.node, set())
+def _analyze_group(group, defined):
+    plans = [TaskPlan(t.node, t.planned_step())
+             for t in group.grouped_view().tasks()]
+    _analyze_plans(plans, group.workspace_type(), defined)
+
+
+def _analyze_plans(plans, wtype, defined):
+    """Walk each node's plan, in order; ``defined``: blobs per node so far."""
+    for plan in plans:
+        node_defined = defined.setdefault(plan.node, set())
         scope = node_defined if wtype is WorkspaceType.GLOBAL \
             else set(node_defined)
-        _Walk(task.node).step(task.get_step(), scope, None)
+        _Walk(plan.node).step(plan.step, scope, None)
 
 
 class _Walk:

@@ -9,18 +9,18 @@ Users describe *where* work runs with contexts::
 
 A `Task` is a step bound to a node, with outputs; a `TaskGroup` is the
 unit a session runs: all its tasks start together and the group ends when
-the last one ends.  `TaskGroup.tasks_by_node` folds a group into one task
-per node -- the per-node plan a session executes -- with setup nets lifted
-out of the nets they were attached to:
+the last one ends.  `TaskGroup.node_plans` folds a group into one
+`NodePlan` per node -- what a session hands the runtime -- and
+`TaskGroup.tasks_by_node` into one grouped Task per node.  The folding
+itself (setup and reporters lifted out of the nets they were attached to)
+is `localcluster.plan.grouping`: this module hands it plain values (names,
+steps, outputs) and wraps what comes back.
 
-    node step = [LOCAL_SETUP init] -> concurrent(report steps, task steps)
-                -> [LOCAL_SETUP exit]
-    task step = [TASK_SETUP init] -> instances(
-                    [TASK_INSTANCE_SETUP init] -> body (+report steps)
-                    -> [TASK_INSTANCE_SETUP exit]) -> [TASK_SETUP exit]
-
-This module is pure plan: nothing here runs.  Sessions take the grouped
-tasks and hand each node's `NodePlan` to the runtime.
+Building a Node (``Node(...)``, which ``Task(node=...)`` does) registers
+it with the current Cluster, and building a Task takes its name in the
+build scope; folding, printing and analysing a group do neither, so
+looking at a plan never changes it.  This module is pure plan: nothing
+here runs.
 """
 
 import weakref
@@ -29,10 +29,13 @@ from .context import DefaultManaged, Managed, build_scope
 from .errors import PlanError
 from .plan.net import BlobRef, Net, blob_names
 from .plan.builder import NetBuilder
-from .plan.node_plan import NodePlan, WorkspaceType, as_workspace_type
+from .plan.grouping import (TaskPlan, fold_by_node, grouped_task_name,
+                            task_step, to_node_plans)
+from .plan.node_plan import (NodePlan, WorkspaceType, as_workspace_type,
+                              check_node_name, check_node_options)
 from .plan.setup import (LOCAL_SETUP, REPORT_STEP, TASK_INSTANCE_SETUP,
                          TASK_SETUP, SetupNets)
-from .plan.step import ExecutionStep, execution_step, to_execution_step
+from .plan.step import to_execution_step
 
 __all__ = ["Cluster", "Node", "WorkspaceType", "TaskGroup", "Task",
            "TaskOutput", "final_output", "SetupNets", "NodePlan"]
@@ -65,24 +68,12 @@ class Cluster(DefaultManaged):
         return f"Cluster(nodes={self._nodes})"
 
 
-_NODE_KWARGS = ("cpus", "memory_limit", "env")
-
-
 class Node(DefaultManaged):
     """A named place where tasks run; ``with Node('trainer'):``."""
 
     def __init__(self, node="local", **kwargs):
-        self._name = str(node)
-        if not self._name or "/" in self._name:
-            raise PlanError(
-                f"node name {self._name!r} is not valid; use a non-empty "
-                "name without '/' such as 'trainer_0'")
-        unknown = sorted(set(kwargs) - set(_NODE_KWARGS))
-        if unknown:
-            raise PlanError(
-                f"Node({self._name!r}) got unknown option(s) "
-                f"{', '.join(unknown)}; options are {', '.join(_NODE_KWARGS)}")
-        _check_node_kwargs(self._name, kwargs)
+        self._name = check_node_name(str(node))
+        check_node_options(self._name, kwargs)
         self._kwargs = kwargs
         Cluster.current().add_node(self)
 
@@ -98,27 +89,6 @@ class Node(DefaultManaged):
 
     def kwargs(self):
         return dict(self._kwargs)
-
-
-def _check_node_kwargs(name, kwargs):
-    cpus = kwargs.get("cpus")
-    if cpus is not None and (not isinstance(cpus, (list, tuple)) or not cpus or
-                             not all(isinstance(c, int) and c >= 0
-                                     for c in cpus)):
-        raise PlanError(
-            f"Node({name!r}): cpus must be a non-empty list of CPU ids, got "
-            f"{cpus!r}")
-    limit = kwargs.get("memory_limit")
-    if limit is not None and (isinstance(limit, bool) or
-                              not isinstance(limit, int) or limit <= 0):
-        raise PlanError(
-            f"Node({name!r}): memory_limit must be a positive number of "
-            f"bytes, got {limit!r}")
-    env = kwargs.get("env")
-    if env is not None and (not isinstance(env, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
-        raise PlanError(
-            f"Node({name!r}): env must be a dict of str to str, got {env!r}")
 
 
 class TaskOutput:
@@ -181,15 +151,29 @@ class Task(Managed):
 
     def __init__(self, step=None, outputs=None, workspace_type=None,
                  group=None, node=None, name=None, num_instances=None):
-        self.node = str(Node.current(None if node is None else
-                                     (node if isinstance(node, Node)
-                                      else Node(node))))
-        self._group = None
-        self.group = TaskGroup.current(group, required=False)
-        self.name = _unique_task_name(self.node, self.group, name or "task")
+        node = str(Node.current(None if node is None else
+                                (node if isinstance(node, Node)
+                                 else Node(node))))
+        group = TaskGroup.current(group, required=False)
         # The node's options (cpus, memory_limit, env) as registered where
         # the task was built: they travel with the plan to the session.
-        self.node_kwargs = Cluster.current().node_kwargs().get(self.node, {})
+        self._init(node, group, _unique_task_name(node, group, name or "task"),
+                   Cluster.current().node_kwargs().get(node, {}),
+                   num_instances, workspace_type)
+        if step is not None:
+            self.set_step(step)
+        if outputs is not None:
+            self.add_outputs(outputs)
+        if self.group is not None:
+            self.group.add(self)
+
+    def _init(self, node, group, name, node_kwargs, num_instances,
+              workspace_type):
+        self.node = node
+        self._group = None
+        self.group = group
+        self.name = name
+        self.node_kwargs = node_kwargs
         if num_instances is not None and (isinstance(num_instances, bool) or
                                           not isinstance(num_instances, int)
                                           or num_instances < 1):
@@ -204,12 +188,20 @@ class Task(Managed):
         self._outputs = []
         self._builder = None
         self._used = False
-        if step is not None:
-            self.set_step(step)
-        if outputs is not None:
-            self.add_outputs(outputs)
-        if self.group is not None:
-            self.group.add(self)
+
+    @classmethod
+    def _of_folded_node(cls, plan, group, workspace_type):
+        """The grouped task of a folded node ``plan`` (a TaskPlan whose
+        outputs are TaskOutputs), in ``group``.  Made from plain values:
+        its node is not registered with the current Cluster, nor its name
+        taken in the build scope, as ``Task(...)`` would."""
+        task = cls.__new__(cls)
+        task._init(plan.node, group, grouped_task_name(plan.node),
+                   dict(plan.node_kwargs or {}), None, workspace_type)
+        task.set_step(plan.step)
+        task.add_outputs(list(plan.outputs))
+        group.add(task)
+        return task
 
     def __repr__(self):
         return f"Task({self.name!r})"
@@ -261,6 +253,12 @@ class Task(Managed):
     def workspace_type(self):
         return self._workspace_type
 
+    @property
+    def requested_workspace_type(self):
+        """The workspace type given when the task was made (None if none):
+        what running the task alone uses, whatever its group settled."""
+        return self._requested_workspace_type
+
     # -- outputs -------------------------------------------------------------------
 
     def add_output(self, output):
@@ -284,29 +282,20 @@ class Task(Managed):
     # -- the full step with setup --------------------------------------------------
 
     def get_step(self):
-        """The task's step with its setup, instances and reporters (cached)."""
+        """The task's step with its setup, instances and reporters (cached).
+
+        The first call fixes the task: it cannot change afterwards."""
+        if self._step_with_setup is None:
+            self._used = True
+            self._step_with_setup = self.planned_step()
+        return self._step_with_setup
+
+    def planned_step(self):
+        """What `get_step` returns, without fixing the task (for printing
+        and analysing a plan that may still change)."""
         if self._step_with_setup is not None:
             return self._step_with_setup
-        self._used = True
-        if self._step is None:
-            self._step_with_setup = ExecutionStep(self.name, task=self.name)
-            return self._step_with_setup
-        body = self._step
-        report_steps = attributes_of([body], REPORT_STEP)
-        roots = [body] + report_steps
-        task_init, task_exit = collect_setup(TASK_SETUP, roots)
-        inst_init, inst_exit = collect_setup(TASK_INSTANCE_SETUP, roots)
-        if report_steps:
-            body = execution_step(f"{self.name}:body", report_steps + [body])
-        body = _with_setup(body, inst_init, inst_exit, f"{self.name}:instance")
-        if self._num_instances and self._num_instances > 1:
-            body = ExecutionStep(f"{self.name}:instances", substeps=[body],
-                                 num_concurrent_instances=self._num_instances)
-        step = _with_setup(body, task_init, task_exit, self.name)
-        if step.task is None:  # else it is already a task's full step
-            step = step.replace(task=self.name)
-        self._step_with_setup = step
-        return step
+        return task_step(self.name, self._step, self._num_instances)
 
 
 def _unique_task_name(node, group, name):
@@ -322,53 +311,6 @@ def _unique_task_name(node, group, name):
     return scope.unique("task", base, "{}:{}") if scope else base
 
 
-def attributes_of(roots, key):
-    """Attribute ``key`` of the nets under ``roots``, in order.
-
-    A task's full step (``step.task`` set) has had its task-level attributes
-    lifted out already, so the walk does not enter it for those keys -- that
-    is what keeps a task's setup from running twice when its step is wrapped
-    again (grouping, running a Task directly).
-    """
-    found = []
-
-    def walk(step):
-        if step.task is not None and key != LOCAL_SETUP:
-            return
-        for net in step.nets:
-            found.extend(net.get_attributes(key))
-        for sub in step.substeps:
-            walk(sub)
-
-    for root in roots:
-        walk(root)
-    return found
-
-
-def collect_setup(key, roots):
-    """(init steps, exit steps) of the SetupNets under ``roots``, each once."""
-    seen, inits, exits = set(), [], []
-    for obj in attributes_of(roots, key):
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        inits.extend(obj.init_nets)
-        exits.extend(obj.exit_nets)
-    return inits, exits
-
-
-def _with_setup(step, inits, exits, name):
-    if not inits and not exits:
-        return step
-    steps = []
-    if inits:
-        steps.append(execution_step(f"{name}:init", inits))
-    steps.append(step)
-    if exits:
-        steps.append(execution_step(f"{name}:exit", exits))
-    return execution_step(name, steps)
-
-
 class TaskGroup(Managed):
     """Tasks that run together; the unit a session runs."""
 
@@ -381,7 +323,8 @@ class TaskGroup(Managed):
         self._report_steps = []
         self._report_nets = {}
         self._remote_nets = []
-        self._grouped = None
+        self._fixed = None     # see _fix
+        self._grouped = None   # the TaskGroup tasks_by_node returns
         self._used = False
 
     def __repr__(self):
@@ -474,69 +417,62 @@ class TaskGroup(Managed):
     def tasks_by_node(self, node_remap=None):
         """One task per node (named ``grouped_by_node``): the per-node plans.
 
-        The first call fixes the group: it cannot change afterwards, and
-        later calls must use the same node mapping.
+        The first call (or `node_plans`) fixes the group: it cannot change
+        afterwards, and later calls must use the same node mapping.
         """
+        folded, workspace_type = self._fix(node_remap)
+        if self._grouped is None:
+            self._grouped = self._grouped_tasks(folded, workspace_type)
+        return self._grouped
+
+    def grouped_view(self, node_map=None):
+        """What `tasks_by_node` returns, without fixing the group (nor its
+        tasks): for showing and checking a plan that may still change."""
+        folded = self._fold(self._all_tasks(), Task.planned_step, node_map)
+        return self._grouped_tasks(folded, self.workspace_type())
+
+    def node_plans(self):
+        """The `NodePlan` of every node (what a session sends to nodes);
+        fixes the group as `tasks_by_node` does."""
+        folded, workspace_type = self._fix(None)
+        return to_node_plans(
+            [p._replace(outputs=[n for o in p.outputs for n in o.names])
+             for p in folded], workspace_type)
+
+    def _fix(self, node_remap):
+        """(per-node TaskPlans, workspace type): the group folded once and
+        for all (see `tasks_by_node`); the plans' outputs are TaskOutputs."""
         tasks = self.tasks()
         node_map = {t.node: (node_remap(t.node) if node_remap else t.node)
                     for t in tasks}
-        if self._grouped is not None:
-            grouped, previous_map = self._grouped
+        if self._fixed is not None:
+            folded, previous_map, workspace_type = self._fixed
             if previous_map != node_map:
                 raise PlanError(
                     f"{self!r} was already grouped with another node_remap")
-            return grouped
+            return folded, workspace_type
         self._used = True
-        grouped = self.grouped_view(node_map)
-        self._grouped = (grouped, node_map)
-        return grouped
+        folded = self._fold(tasks, Task.get_step, node_map)
+        self._fixed = (folded, node_map, self.workspace_type())
+        return folded, self._fixed[2]
 
-    def grouped_view(self, node_map=None):
-        """What `tasks_by_node` returns, without fixing the group."""
-        tasks = self._all_tasks()
-        node_map = node_map or {}
+    def _fold(self, tasks, full_step, node_map):
+        """`fold_by_node` of ``tasks``, each's step given by ``full_step``
+        (`Task.get_step` to fix them, `Task.planned_step` only to look)."""
+        tasks = [TaskPlan(t.node, full_step(t), tuple(t.outputs()),
+                          t.node_kwargs) for t in tasks]
         report_steps = list(self._report_steps) + [
             (node, to_execution_step(net).replace(
                 run_every_ms=max(1, int(interval * 1000))))
             for node, (net, interval) in self._report_nets.items()]
-        by_node = {}
-        for t in tasks:
-            by_node.setdefault(str(node_map.get(t.node, t.node)), []).append(t)
-        reports = {}
-        for node, step in report_steps:
-            node = str(node_map.get(node, node))
-            if node not in by_node:
-                raise PlanError(
-                    f"report step {step.name!r} is for node {node!r}, where "
-                    f"{self!r} runs no task; add a task on {node!r} or report"
-                    " from a node that runs one")
-            reports.setdefault(node, []).append(step)
-        grouped = TaskGroup(workspace_type=self.workspace_type())
-        for node, node_tasks in by_node.items():
-            steps = reports.get(node, []) + [t.get_step() for t in node_tasks]
-            inits, exits = collect_setup(LOCAL_SETUP, steps)
-            if len(steps) == 1:
-                body = steps[0]
-            else:
-                body = ExecutionStep(f"{node}:body", substeps=steps,
-                                     concurrent_substeps=True)
-            step = _with_setup(body, inits, exits, node)
-            outputs = [o for t in node_tasks for o in t.outputs()]
-            kwargs = {}
-            for t in node_tasks:
-                kwargs.update(t.node_kwargs)
-            grouped_task = Task(step=step, outputs=outputs, node=node,
-                                name="grouped_by_node", group=grouped,
-                                workspace_type=self.workspace_type())
-            grouped_task.node_kwargs = kwargs
-        return grouped
+        return fold_by_node(tasks, report_steps, node_map, owner=repr(self))
 
-    def node_plans(self):
-        """The `NodePlan` of every node (what a session sends to nodes)."""
-        grouped = self.tasks_by_node()
-        return [NodePlan(t.node, t.get_step(), t.workspace_type(),
-                         t.output_list(), t.node_kwargs)
-                for t in grouped.tasks()]
+    @staticmethod
+    def _grouped_tasks(folded, workspace_type):
+        grouped = TaskGroup(workspace_type=workspace_type)
+        for plan in folded:
+            Task._of_folded_node(plan, grouped, workspace_type)
+        return grouped
 
     def to_task(self, node=None):
         """This group as one task on ``node`` (the current node by default)."""

@@ -1,4 +1,6 @@
-"""The plan layer: blobs, nets, steps, the builder DSL -- pure data."""
+"""The plan layer: blobs, nets, steps, the builder DSL -- pure data --
+and `grouping`, which folds tasks (given as plain values) into per-node
+plans.  Nothing here imports the task model or anything above it."""
 
 from .builder import NetBuilder, ops
 from .net import BlobRef, Net

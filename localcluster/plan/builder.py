@@ -28,16 +28,18 @@ to plain steps with stop blobs, so the runtime only knows steps:
   branch runs.
 
 Setup blocks (``task_init`` ...) and reporters attach themselves to the
-current net as attributes; the task model lifts them out when it builds
-the task's step.
+current net as attributes (keys in `localcluster.plan.setup`);
+`localcluster.plan.grouping` lifts them out when it builds a task's step
+and a node's plan.  Nothing here knows the task model: a local reporter
+reaches its node through the net it is attached to.
 """
 
 from ..context import Managed
 from ..errors import PlanError
 from .net import BlobRef, Net
-from .setup import (LOCAL_SETUP, REPORT_STEP, TASK_INSTANCE_SETUP, TASK_SETUP,
-                    SetupNets)
-from .step import execution_step, to_execution_step
+from .setup import (LOCAL_REPORT_STEP, LOCAL_SETUP, REPORT_STEP,
+                    TASK_INSTANCE_SETUP, TASK_SETUP, SetupNets)
+from .step import ExecutionStep, execution_step, to_execution_step
 
 __all__ = ["NetBuilder", "ops", "Ops"]
 
@@ -72,7 +74,6 @@ class NetBuilder(Managed):
     def add(self, child):
         """Append a net, a step or a nested builder; returns it."""
         self._assert_mutable()
-        from .step import ExecutionStep
         if not isinstance(child, (Net, ExecutionStep, NetBuilder)):
             raise PlanError(
                 f"cannot add {type(child).__name__} {child!r} to {self!r}; "
@@ -92,7 +93,18 @@ class NetBuilder(Managed):
             self._current_net = net
         return self._current_net
 
+    @property
+    def children(self):
+        """The nets, steps and nested builders added so far, in order."""
+        return tuple(self._children)
+
     # -- stopping -----------------------------------------------------------------
+
+    @property
+    def has_stop_blob(self):
+        """Whether the builder has a stop blob (then it repeats until it
+        stops), without making one as `stop_blob` does."""
+        return self._stop_blob is not None
 
     def stop_blob(self):
         """This builder's stop blob, created (and reset on entry) on demand."""
@@ -289,23 +301,20 @@ class _SetupBuilder(_RunOnce):
 
 
 class _ReporterBuilder(NetBuilder):
-    """A periodic block: a step with ``run_every_ms``."""
+    """A periodic block: a step with ``run_every_ms``, attached to ``net``
+    under ``key`` (`REPORT_STEP` or `LOCAL_REPORT_STEP`)."""
 
-    def __init__(self, interval_ms, net=None, name=None):
+    def __init__(self, interval_ms, net, key, name=None):
         super().__init__(name or "reporter")
         self._net = net
+        self._key = key
         self.interval_ms = interval_ms
 
     def __exit__(self, etype, *args):
         super().__exit__(etype, *args)
         if etype is None:
             step = self.to_step().replace(run_every_ms=self.interval_ms)
-            if self._net is not None:
-                self._net.add_attribute(REPORT_STEP, step)
-            else:
-                from ..task import TaskGroup
-                TaskGroup.current().report_step(
-                    step, interval_ms=self.interval_ms)
+            self._net.add_attribute(self._key, step)
 
 
 def _current_builder():
@@ -396,12 +405,16 @@ class Ops:
     def task_reporter(self, interval_ms=1000, name=None):
         """Runs every ``interval_ms`` while the task runs, and once after."""
         return _ReporterBuilder(interval_ms,
-                                net=_current_builder().current_net(),
-                                name=name)
+                                _current_builder().current_net(),
+                                REPORT_STEP, name=name)
 
     def local_reporter(self, interval_ms=1000, name=None):
-        """Like task_reporter, for everything the group runs on this node."""
-        return _ReporterBuilder(interval_ms, name=name)
+        """Like task_reporter, for everything the group runs on this node
+        (the node of the task being built): every ``interval_ms`` while the
+        group runs there, and once after its tasks end."""
+        return _ReporterBuilder(interval_ms,
+                                _current_builder().current_net(),
+                                LOCAL_REPORT_STEP, name=name)
 
 
 ops = Ops()

@@ -21,7 +21,8 @@ from ..context import BuildScope, build_scope
 from ..errors import PlanError
 from ..kernels import registry
 
-__all__ = ["BlobRef", "Op", "Net", "blob_names", "plan_epoch"]
+__all__ = ["BlobRef", "Op", "Net", "blob_names", "plan_epoch",
+           "register_attribute_check"]
 
 # Bumped whenever any net gains an op: a cache of prepared plans (pickled
 # for the node processes, say) is valid while the epoch is unchanged.
@@ -30,6 +31,19 @@ _epoch = [0]
 
 def plan_epoch():
     return _epoch[0]
+
+
+# What may be attached under an attribute key, by key.  The modules that
+# define the keys register their rule here (`localcluster.plan.setup` does
+# for the setup and report keys): a net stays at the bottom of the plan
+# layer and validates what is attached to it without knowing those types.
+_attribute_checks = {}
+
+
+def register_attribute_check(key, check):
+    """Make ``net.add_attribute(key, obj)`` call ``check(key, obj)`` first
+    (``check`` raises `PlanError` for a value that cannot go there)."""
+    _attribute_checks[key] = check
 
 
 class BlobRef(str):
@@ -143,8 +157,13 @@ class Net:
 
     @property
     def ops(self):
-        """The ops, in order (a read-only tuple)."""
+        """The ops, in order (a read-only tuple, copied on each call)."""
         return tuple(self._ops)
+
+    @property
+    def num_ops(self):
+        """How many ops the net has (no copy: the runtime asks each run)."""
+        return len(self._ops)
 
     def __repr__(self):
         return f"Net({self._name!r}, {len(self._ops)} ops)"
@@ -243,8 +262,9 @@ class Net:
     # -- attributes (setup objects, report steps) ------------------------------
 
     def add_attribute(self, key, obj):
-        from .setup import check_attribute
-        check_attribute(key, obj)
+        check = _attribute_checks.get(key)
+        if check is not None:
+            check(key, obj)
         self._attributes.setdefault(key, []).append(obj)
 
     def get_attributes(self, key):

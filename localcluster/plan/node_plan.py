@@ -2,14 +2,20 @@
 
 `TaskGroup.node_plans` folds a group into one `NodePlan` per node; a
 session hands each to the runtime of its node (a thread, a process) and
-gets the output values back.  Pure, picklable data.
+gets the output values back.  Pure, picklable data.  What a node may be
+called and the options it may carry are checked here, for ``Node(...)``
+and for the nodes a group is folded onto alike.
 """
 
 import enum
 
 from ..errors import PlanError
 
-__all__ = ["WorkspaceType", "NodePlan", "as_workspace_type"]
+__all__ = ["WorkspaceType", "NodePlan", "as_workspace_type",
+           "NODE_OPTIONS", "check_node_name", "check_node_options"]
+
+#: the options a node may carry (NodePlan.node_kwargs)
+NODE_OPTIONS = ("cpus", "memory_limit", "env")
 
 
 class WorkspaceType(enum.Enum):
@@ -34,6 +40,43 @@ def as_workspace_type(value, what):
     raise PlanError(
         f"{what}: workspace_type must be WorkspaceType.PRIVATE or "
         f"WorkspaceType.GLOBAL, got {value!r}")
+
+
+def check_node_name(name):
+    """``name`` if it may name a node, else `PlanError`."""
+    if not name or "/" in name:
+        raise PlanError(
+            f"node name {name!r} is not valid; use a non-empty name without "
+            "'/' such as 'trainer_0'")
+    return name
+
+
+def check_node_options(name, kwargs):
+    """Raise `PlanError` unless ``kwargs`` are valid options of node
+    ``name`` (see `NODE_OPTIONS`)."""
+    unknown = sorted(set(kwargs) - set(NODE_OPTIONS))
+    if unknown:
+        raise PlanError(
+            f"Node({name!r}) got unknown option(s) "
+            f"{', '.join(unknown)}; options are {', '.join(NODE_OPTIONS)}")
+    cpus = kwargs.get("cpus")
+    if cpus is not None and (not isinstance(cpus, (list, tuple)) or not cpus or
+                             not all(isinstance(c, int) and c >= 0
+                                     for c in cpus)):
+        raise PlanError(
+            f"Node({name!r}): cpus must be a non-empty list of CPU ids, got "
+            f"{cpus!r}")
+    limit = kwargs.get("memory_limit")
+    if limit is not None and (isinstance(limit, bool) or
+                              not isinstance(limit, int) or limit <= 0):
+        raise PlanError(
+            f"Node({name!r}): memory_limit must be a positive number of "
+            f"bytes, got {limit!r}")
+    env = kwargs.get("env")
+    if env is not None and (not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise PlanError(
+            f"Node({name!r}): env must be a dict of str to str, got {env!r}")
 
 
 class NodePlan:

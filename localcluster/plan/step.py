@@ -185,10 +185,9 @@ def execution_step(name, steps_or_nets, num_iter=None,
 
 def to_execution_step(step_or_nets, default_name=None):
     """A step from a step, a net, a list of nets/steps, or a NetBuilder."""
-    from .builder import NetBuilder
     if isinstance(step_or_nets, ExecutionStep):
         return step_or_nets
-    if isinstance(step_or_nets, NetBuilder):
+    if _is_builder(step_or_nets):
         return step_or_nets.to_step(default_name)
     if isinstance(step_or_nets, Net):
         return execution_step(default_name or step_or_nets.name,
@@ -198,3 +197,10 @@ def to_execution_step(step_or_nets, default_name=None):
     raise PlanError(
         f"cannot make an execution step from {type(step_or_nets).__name__} "
         f"{step_or_nets!r}; pass a step, a Net, a list of them or a NetBuilder")
+
+
+def _is_builder(obj):
+    """A NetBuilder, known by its ``to_step`` method: the builder module
+    sits above this one (it makes steps), so it is not imported here.
+    Looked up on the type, so a Net's op-type ``__getattr__`` is not asked."""
+    return callable(getattr(type(obj), "to_step", None))

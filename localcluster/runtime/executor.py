@@ -81,13 +81,14 @@ class RunContext:
         of ``net``."""
         key = id(net)
         found = self._compiled.get(key)
-        if found is not None and found[0] is net and found[1] == len(net._ops):
+        if found is not None and found[0] is net and found[1] == net.num_ops:
             return found[2]
         with self._compile_lock:
-            code = [self._compile_op(op) for op in net._ops]
+            ops = net.ops
+            code = [self._compile_op(op) for op in ops]
             if len(self._compiled) >= self.MAX_COMPILED:
                 self._compiled.clear()
-            self._compiled[key] = (net, len(net._ops), code)
+            self._compiled[key] = (net, len(ops), code)
         return code
 
     def _compile_op(self, op):
@@ -118,7 +119,7 @@ class RunContext:
 
 
 def _fail(rc, exc, task, step, net, index):
-    op = net._ops[index]
+    op = net.ops[index]
     tb_text = "".join(traceback.format_exception(type(exc), exc,
                                                  exc.__traceback__))
     err = TaskFailedError(

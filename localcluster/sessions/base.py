@@ -109,7 +109,7 @@ class Session:
             return runnable
         wtype = workspace_type
         if wtype is None and isinstance(runnable, Task):
-            wtype = runnable._requested_workspace_type
+            wtype = runnable.requested_workspace_type
         wtype = wtype or WorkspaceType.GLOBAL
         cacheable = isinstance(runnable, (Task, ExecutionStep, Net,
                                           NetBuilder))
