@@ -10,8 +10,6 @@ import time
 import numpy as np
 import psutil
 
-from .sessions import LocalHostScheduler
-
 __all__ = ["Usage", "Progress", "chrome_trace", "scalar", "mib",
            "IN_PROCESS"]
 
@@ -43,10 +41,13 @@ class Usage:
         self.peak_rss = {}
 
     def _pids(self):
-        if isinstance(self.session, LocalHostScheduler):
-            return self.session.node_pids()
-        # in-process nodes are threads: one process to report, once
-        return {IN_PROCESS: os.getpid()}
+        """``{node: pid}`` to sample; nodes that run in this process
+        (threads of an in-process session) are one process, reported once
+        as `IN_PROCESS`."""
+        own, pids = os.getpid(), {}
+        for node, pid in self.session.node_pids().items():
+            pids[IN_PROCESS if pid == own else node] = pid
+        return pids
 
     def sample(self):
         """``{node: {"cpu_percent", "rss_bytes"}}`` since the last sample."""
