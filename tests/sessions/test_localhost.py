@@ -286,8 +286,10 @@ CTRL_C = textwrap.dedent("""
 # once: in the run; three times: in the run, in its abort, in close()
 @pytest.mark.parametrize("interrupts", [1, 3])
 def test_ctrl_c_in_the_master_leaves_nothing_behind(interrupts):
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__) +
-               os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # the script imports this module, which imports the root conftest
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
     master = subprocess.Popen([sys.executable, "-c", CTRL_C], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
