@@ -292,7 +292,7 @@ def test_killing_the_producer_node_mid_stream_fails_the_run_cleanly():
     from localcluster.runtime import shm
     from conftest import child_processes
     session = LocalHostScheduler()
-    prefix = session._prefix
+    prefix = session.shm_prefix
     try:
         with TaskGroup(WorkspaceType.GLOBAL) as init:
             with Node("reader"), Task():
