@@ -90,6 +90,36 @@ def session(session_factory):
     return session_factory()
 
 
+def _closing_factory(cls):
+    """A fixture body: ``make(**kwargs)`` -> ``cls(**kwargs)``; every
+    session it made is closed at teardown (close() is idempotent, so a test
+    may close one itself)."""
+    made = []
+
+    def make(*args, **kwargs):
+        s = cls(*args, **kwargs)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+@pytest.fixture
+def localhost():
+    """A factory of `LocalHostScheduler`: ``localhost(**kwargs)``; every
+    scheduler it made is closed at teardown."""
+    yield from _closing_factory(LocalHostScheduler)
+
+
+@pytest.fixture
+def local():
+    """A factory of `LocalSession`: ``local()``; every session it made is
+    closed at teardown."""
+    yield from _closing_factory(LocalSession)
+
+
 @pytest.fixture(autouse=True)
 def no_leaks():
     """Fail a test that leaves child processes or shm segments behind."""

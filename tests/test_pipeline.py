@@ -292,7 +292,7 @@ def test_killing_the_producer_node_mid_stream_fails_the_run_cleanly():
     from localcluster.runtime import shm
     from conftest import child_processes
     session = LocalHostScheduler()
-    prefix = session._prefix
+    prefix = session.shm_prefix
     try:
         with TaskGroup(WorkspaceType.GLOBAL) as init:
             with Node("reader"), Task():
@@ -314,25 +314,22 @@ def test_killing_the_producer_node_mid_stream_fails_the_run_cleanly():
     assert not shm.segments(prefix)
 
 
-def test_writers_of_one_cross_node_queue_on_two_nodes_are_refused():
-    session = LocalHostScheduler()
-    try:
-        with TaskGroup() as tg:
-            q = Queue(4)
-            with Node("a"), Task():
-                a = Dataset({"x": np.arange(3)}, name="a")
-            with Node("b"), Task():
-                b = Dataset({"x": np.arange(3)}, name="b")
-            with Node("a"):
-                pipe(a.reader(), q)
-            with Node("b"):
-                pipe(b.reader(), q)
-            with Node("c"):
-                pipe(q, processor=count_records)
-        with pytest.raises(PlanError, match="writers from one node"):
-            session.run(tg)
-    finally:
-        session.close()
+def test_writers_of_one_cross_node_queue_on_two_nodes_are_refused(localhost):
+    session = localhost()
+    with TaskGroup() as tg:
+        q = Queue(4)
+        with Node("a"), Task():
+            a = Dataset({"x": np.arange(3)}, name="a")
+        with Node("b"), Task():
+            b = Dataset({"x": np.arange(3)}, name="b")
+        with Node("a"):
+            pipe(a.reader(), q)
+        with Node("b"):
+            pipe(b.reader(), q)
+        with Node("c"):
+            pipe(q, processor=count_records)
+    with pytest.raises(PlanError, match="writers from one node"):
+        session.run(tg)
 
 
 def test_reader_with_time_limit_stops_after_its_duration(session):

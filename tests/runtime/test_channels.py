@@ -6,6 +6,7 @@ import threading
 import numpy as np
 import pytest
 
+from localcluster import Net, register_op
 from localcluster.runtime import shm
 from localcluster.errors import Cancelled
 from localcluster.runtime.shm_channel import ChannelParts, ShmChannel
@@ -164,35 +165,62 @@ def test_an_aborted_wait_raises_cancelled(parts):
 
 # -- a lent record, stored by the executor --------------------------------------
 
-def _lend(ws, value):
-    """Store ``value`` as a lending op's only output into ``ws``."""
-    from localcluster.runtime.executor import _store_lent
+#: what the lending op below lends next, and where it notes the hand-back
+LENDING = {}
+
+
+@register_op("ChannelsTestLend", lends=True)
+def lend_record():
+    """Lend ``LENDING["value"]`` as the only output, as a queue lends a
+    slot; ``done`` notes that the memory was handed back."""
+    returned = LENDING["returned"]
+    return (LENDING["value"],), lambda: returned.append(True)
+
+
+def tail(x):
+    return x[1:]
+
+
+def _lend(session, value):
+    """Store ``value`` as a lending op's only output, blob ``x``."""
     returned = []
-    _store_lent(["x"], ((value,), lambda: returned.append(True)), False,
-                ws.set, ws)
+    LENDING.update(value=value, returned=returned)
+    try:
+        net = Net("lend")
+        net.ChannelsTestLend([], ["x"])
+        session.run(net)
+    finally:
+        LENDING.clear()
     assert returned == [True], "the lent memory was not handed back"
 
 
-def test_a_lent_record_is_copied_into_the_array_it_replaces():
-    from localcluster.runtime.workspace import Workspace
-    ws = Workspace().child()
+def _held(session, name):
+    """The array the node holds as ``name``: a zero-copy fetch is a view on
+    it."""
+    return session.fetch_blob(name, copy=False).base
+
+
+def test_a_lent_record_is_copied_into_the_array_it_replaces(local):
+    session = local()
     slot = np.arange(4.0)
-    _lend(ws, slot)
-    first = ws.get("x")
+    _lend(session, slot)
+    first = _held(session, "x")
     assert first is not slot and list(first) == [0, 1, 2, 3]
     del first
-    array_id = id(ws.get("x"))
+    array_id = id(_held(session, "x"))
     slot[:] = 7
-    _lend(ws, slot)
-    assert id(ws.get("x")) == array_id and list(ws.get("x")) == [7] * 4
+    _lend(session, slot)
+    assert id(_held(session, "x")) == array_id and \
+        list(_held(session, "x")) == [7] * 4
 
 
-def test_a_lent_record_leaves_views_and_fetched_values_alone():
-    from localcluster.runtime.workspace import Workspace
-    ws = Workspace().child()
-    _lend(ws, np.zeros(4))
-    kept, view = ws.get("x"), ws.get("x")[1:]
-    ws.set("y", view)
-    _lend(ws, np.ones(4))
-    assert list(kept) == [0] * 4 and list(ws.get("y")) == [0] * 3
-    assert list(ws.get("x")) == [1] * 4
+def test_a_lent_record_leaves_views_and_fetched_values_alone(local):
+    session = local()
+    _lend(session, np.zeros(4))
+    kept = session.fetch_blob("x", copy=False)
+    net = Net("view")
+    net.Python(tail)(["x"], ["y"])  # stores a view on x
+    session.run(net)
+    _lend(session, np.ones(4))
+    assert list(kept) == [0] * 4 and list(session.fetch_blob("y")) == [0] * 3
+    assert list(session.fetch_blob("x")) == [1] * 4
