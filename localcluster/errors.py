@@ -138,3 +138,15 @@ class Cancelled(LocalClusterError):
     """Raised inside a run that was cancelled (by a failure elsewhere, a
     timeout or an interrupt); a run never raises it when something else
     went wrong first -- that error wins."""
+
+
+def first_error(errors):
+    """The error that speaks for ``errors`` (in the order they came): the
+    first that is not a `Cancelled` -- a cancellation is what another
+    failure caused -- else the first; None for none.  The one rule for
+    the branches of a node's run and for the nodes of a session's run."""
+    for error in errors:
+        if not isinstance(error, Cancelled):
+            return error
+    return errors[0] if errors else None
+

@@ -33,7 +33,8 @@ import traceback
 
 import numpy as np
 
-from ..errors import BlobNotFoundError, Cancelled, TaskFailedError
+from ..errors import (BlobNotFoundError, Cancelled, TaskFailedError,
+                      first_error)
 from ..kernels import registry
 from ..kernels.registry import OpContext
 from .cancel import CancelEvent
@@ -384,10 +385,9 @@ def run_concurrently(fns, rc, name):
 
 
 def _raise_first(errors):
-    if not errors:
-        return
-    real = [e for e in errors if not isinstance(e, Cancelled)]
-    raise (real or errors)[0]
+    error = first_error(errors)
+    if error is not None:
+        raise error
 
 
 class _Reporters:

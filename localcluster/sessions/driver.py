@@ -31,7 +31,7 @@ Nothing here starts a process or touches a pipe, so the rules are
 unit-tested with scripted events and a fake clock.
 """
 
-from ..errors import Cancelled
+from ..errors import Cancelled, first_error
 
 __all__ = ["RunState", "RunIO", "DONE", "FAILED", "DIED", "start", "apply",
            "drive", "abort", "take_unreported"]
@@ -66,10 +66,7 @@ class RunState:
 
     def error(self):
         """The exception the run raises, or None if it succeeded."""
-        real = [e for _, e in self.failures if not isinstance(e, Cancelled)]
-        if real:
-            return real[0]
-        return self.failures[0][1] if self.failures else None
+        return first_error([e for _, e in self.failures])
 
 
 class RunIO:
