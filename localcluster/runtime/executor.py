@@ -137,7 +137,7 @@ def _accessors(ws):
     """(get, put) for ``ws``: the store's own methods for a global
     workspace (no parent to walk), the workspace's for a child."""
     if ws.parent is None:
-        store = ws._blobs
+        store = ws.own
         return store.__getitem__, store.put
     return ws.get, ws.set
 
@@ -249,7 +249,7 @@ def _describe(result):
 def _stopped(name, ws):
     if name is None:
         return False
-    value = ws._blobs.get(name)
+    value = ws.own.get(name)
     if value is None:
         value = ws.get_or_none(name)
     if value is None:

@@ -61,6 +61,13 @@ class Workspace:
             ws = ws.parent
         return ws._blobs
 
+    @property
+    def own(self):
+        """The mapping of the blobs this workspace itself holds (its
+        store, for a node's global workspace): the executor's fast path
+        reads it directly."""
+        return self._blobs
+
     def child(self):
         return Workspace(self.node, parent=self)
 
