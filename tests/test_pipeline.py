@@ -314,24 +314,6 @@ def test_killing_the_producer_node_mid_stream_fails_the_run_cleanly():
     assert not shm.segments(prefix)
 
 
-def test_writers_of_one_cross_node_queue_on_two_nodes_are_refused(localhost):
-    session = localhost()
-    with TaskGroup() as tg:
-        q = Queue(4)
-        with Node("a"), Task():
-            a = Dataset({"x": np.arange(3)}, name="a")
-        with Node("b"), Task():
-            b = Dataset({"x": np.arange(3)}, name="b")
-        with Node("a"):
-            pipe(a.reader(), q)
-        with Node("b"):
-            pipe(b.reader(), q)
-        with Node("c"):
-            pipe(q, processor=count_records)
-    with pytest.raises(PlanError, match="writers from one node"):
-        session.run(tg)
-
-
 def test_reader_with_time_limit_stops_after_its_duration(session):
     from localcluster import ReaderWithDelay, ReaderWithTimeLimit
     with TaskGroup(WorkspaceType.GLOBAL) as init:
