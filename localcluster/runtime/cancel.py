@@ -54,6 +54,8 @@ class CancelEvent:
 
     def clear(self):
         """Unset it and drop the subscribers of the run that ended."""
+        if not self._subscribers and not self._event.is_set():
+            return  # nothing to undo: the common case, without a lock
         with self._lock:
             self._event.clear()
             self._subscribers = []
@@ -73,6 +75,9 @@ class CancelEvent:
 
     def fileno(self):
         """An fd that is readable while the event is set."""
+        fd = self._fd
+        if fd is not None:
+            return fd  # every wait of a busy queue asks: no lock then
         with self._lock:
             if self._fd is None:
                 self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)

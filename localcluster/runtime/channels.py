@@ -89,18 +89,29 @@ class LocalChannel:
 
 
 class ChannelHub:
-    """The channels of one run on one node, by queue id (made on first use
-    by ``factory(queue_id, capacity)``); aborted when ``cancelled`` (the
-    run's `CancelEvent`) is set."""
+    """The queue channels of a node's runs, by queue id.
 
-    def __init__(self, factory=None, cancelled=None):
-        self._factory = factory or (lambda queue_id, capacity:
-                                    LocalChannel(capacity))
+    One hub serves a node's runs one after another: `begin` starts a run
+    with no channels, and each is made on first use by ``factory(queue_id,
+    capacity, context)`` (``context``: what the host gave the run).  The
+    hub subscribes to the run's ``cancelled`` event when it makes the
+    run's first channel -- a run that uses no queue pays nothing -- and a
+    cancel aborts every channel it made.
+    """
+
+    def __init__(self, factory, cancelled):
+        self._factory = factory
+        self._cancelled = cancelled
         self._channels = {}
+        self._context = None
         self._lock = threading.Lock()
         self._aborted = False
-        if cancelled is not None:
-            cancelled.subscribe(self.abort)
+
+    def begin(self, context=None):
+        """A new run: no channels yet, not aborted."""
+        self._channels = {}
+        self._context = context
+        self._aborted = False
 
     def channel(self, queue_id, capacity):
         found = self._channels.get(queue_id)  # made already: no lock needed
@@ -109,8 +120,10 @@ class ChannelHub:
         with self._lock:
             found = self._channels.get(queue_id)
             if found is None:
-                found = self._channels[queue_id] = self._factory(queue_id,
-                                                                 capacity)
+                if not self._channels:
+                    self._cancelled.subscribe(self.abort)
+                found = self._factory(queue_id, capacity, self._context)
+                self._channels[queue_id] = found
                 if self._aborted:
                     found.abort()
             return found

@@ -85,9 +85,11 @@ class NodeRuntime:
         self.name = str(name)
         self.workspace = Workspace(self.name, store=store)
         self.cancelled = CancelEvent()
-        self._channel_factory = channel_factory or local_channels
+        self._hub = ChannelHub(channel_factory or local_channels,
+                               self.cancelled)
         self._rc = RunContext(self.name, self.workspace.lock, self.cancelled,
-                              {"workspace": self.workspace})
+                              {"workspace": self.workspace,
+                               "queues": self._hub})
         self._plans = collections.OrderedDict()
         self._plan_cache = plan_cache
         self._lock = threading.Lock()   # current run id and cancel mark
@@ -133,8 +135,7 @@ class NodeRuntime:
             self.cancelled.set()
             raise
         finally:
-            with self._lock:
-                self._current = None
+            self._current = None  # a late cancel of it now does nothing
         return RunResult(outputs, time.perf_counter() - start,
                          self._rc.trace)
 
@@ -142,10 +143,7 @@ class NodeRuntime:
         with self._lock:
             self._current = run_id
             self._rc.begin(trace)
-            factory = self._channel_factory
-            self._rc.op_context.resources["queues"] = ChannelHub(
-                lambda queue, capacity: factory(queue, capacity, channels),
-                self.cancelled)
+            self._hub.begin(channels)
             if self._cancelled_upto >= run_id:
                 self.cancelled.set()
 

@@ -147,11 +147,15 @@ def drive(state, io, grace, timeout=None, unreported=None):
     unreported = {} if unreported is None else unreported
     try:
         while state.pending:
-            now = io.now()
-            _step(state, io, now, grace)
-            if not state.pending:
-                break
-            for event in io.wait(_next_wait(state, now)):
+            if state.failures or state.deadline is not None:
+                now = io.now()
+                _step(state, io, now, grace)
+                if not state.pending:
+                    break
+                wait = _next_wait(state, now)
+            else:
+                wait = None  # nothing is due until something happens
+            for event in io.wait(wait):
                 apply(state, event, unreported)
     except BaseException:
         abort(state, io, grace, unreported)

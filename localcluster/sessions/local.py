@@ -20,11 +20,12 @@ import os
 import queue
 import threading
 import time
+import weakref
 
 import numpy as np
 
 from ..errors import BlobNotFoundError, RunTimeoutError
-from ..plan.validate import check_cross_node_queues, feedable
+from ..plan.validate import check_cross_node_queues, feedable, queues_of
 from ..runtime.host import NodeRuntime
 from . import driver
 from .base import Session
@@ -45,6 +46,8 @@ class LocalSession(Session):
         self._runtimes = {}
         self._workers = {}
         self._rids = itertools.count(1)
+        self._queues = weakref.WeakKeyDictionary()  # plan -> its queues
+        self._checked = None   # the plans of the last run, found valid
 
     def __repr__(self):
         return f"LocalSession(nodes={sorted(self._runtimes)}, " \
@@ -79,7 +82,10 @@ class LocalSession(Session):
         return worker
 
     def _run_plans(self, plans, timeout):
-        check_cross_node_queues(plans)
+        if plans is not self._checked:  # a group run again: checked already
+            check_cross_node_queues(plans, {p.node: self._queues_of(p)
+                                            for p in plans})
+            self._checked = plans
         rid = next(self._rids)
         channels = {}  # queues start empty and open at every run
         trace = self.trace_steps
@@ -101,6 +107,12 @@ class LocalSession(Session):
         state = driver.start([p.node for p in plans], rid, time.monotonic(),
                              timeout)
         return driver.drive(state, io, CANCEL_GRACE, timeout)
+
+    def _queues_of(self, plan):
+        found = self._queues.get(plan)
+        if found is None:
+            found = self._queues[plan] = queues_of(plan)
+        return found
 
     def _finished(self, node, result):
         self._node_done(node)
@@ -150,17 +162,14 @@ class _ThreadRunIO(driver.RunIO):
     now = staticmethod(time.monotonic)
 
     def wait(self, timeout):
+        events = self.events
         try:
-            first = self.events.get(timeout=timeout)
+            found = [self._event(*events.get(timeout=timeout))]
         except queue.Empty:
             return []
-        found = [first]
-        while True:
-            try:
-                found.append(self.events.get_nowait())
-            except queue.Empty:
-                break
-        return [self._event(*item) for item in found]
+        while not events.empty():
+            found.append(self._event(*events.get_nowait()))
+        return found
 
     def _event(self, node, result, error):
         if error is not None:
