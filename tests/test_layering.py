@@ -5,6 +5,10 @@ Layers, each importing only the ones below it::
     run > job, checkpoint, pipeline, dataio, queues > task
         > plan > kernels, runtime, context, errors
 
+Sessions are the Session boundary: they take what the task model builds
+(a TaskGroup, a Task) and drive the runtime, so they may import the task
+model and the plan, and nothing below them imports a session.
+
 Every module under ``localcluster/`` is parsed with `ast`; every import at
 any depth counts (one inside a function is as much a dependency as one at
 the top, it is only deferred).  Importing ``a.b.c`` runs ``a`` and ``a.b``
