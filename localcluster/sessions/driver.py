@@ -31,6 +31,8 @@ Nothing here starts a process or touches a pipe, so the rules are
 unit-tested with scripted events and a fake clock.
 """
 
+import abc
+
 from ..errors import Cancelled, first_error
 
 __all__ = ["RunState", "RunIO", "DONE", "FAILED", "DIED", "start", "apply",
@@ -69,26 +71,31 @@ class RunState:
         return first_error([e for _, e in self.failures])
 
 
-class RunIO:
+class RunIO(abc.ABC):
     """What a session gives the driver; every method is the session's."""
 
+    @abc.abstractmethod
     def now(self):
         """Monotonic seconds."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def wait(self, timeout):
         """The events that arrive within ``timeout`` seconds (None: until
         one does); an empty list if none did."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def cancel(self, nodes, rid):
         """Ask ``nodes`` to stop run ``rid``."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def kill(self, nodes):
         """Stop ``nodes`` by force: they did not stop when asked."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def timeout_error(self, timeout, late, killed):
         """The error of a run that passed its ``timeout``: ``late`` nodes
         were pending then, ``killed`` had to be killed."""
