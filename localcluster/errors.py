@@ -131,7 +131,16 @@ class SessionClosedError(LocalClusterError, RuntimeError):
 
 
 class RunTimeoutError(LocalClusterError, TimeoutError):
-    """A run did not finish within its timeout; its work was cancelled."""
+    """A run did not finish within its timeout; its work was cancelled.
+
+    ``nodes`` were still running at the deadline; ``killed`` are those of
+    them that did not stop when cancelled and were killed (a node process;
+    an in-process session breaks instead)."""
+
+    def __init__(self, message, *, nodes=(), killed=()):
+        super().__init__(message)
+        self.nodes = tuple(nodes)
+        self.killed = tuple(killed)
 
 
 class Cancelled(LocalClusterError):

@@ -32,7 +32,7 @@ import numpy as np
 
 from .context import Managed
 from .errors import (CheckpointError, CheckpointWarning, NodeFailedError,
-                     PlanError, TaskFailedError)
+                     PlanError, RunTimeoutError, TaskFailedError)
 from .plan.net import BlobRef, Net
 from .task import Task, TaskGroup, TaskOutput, WorkspaceType
 
@@ -189,11 +189,15 @@ class JobRunner:
 
     ``on_epoch(report)`` is called after every epoch with its
     `EpochReport`; ``result`` holds the `TrainResult` of the last train.
+    ``timeout`` bounds every run the runner makes (an epoch, a checkpoint,
+    the init group ...) in seconds: a run past it raises `RunTimeoutError`
+    -- and with ``max_restarts`` it is recovered like a node death, since
+    the late nodes are cancelled, or killed, anyway.
     """
 
     def __init__(self, job, checkpoint_manager=None, resume_from_epoch=None,
                  upload_task_group_builder=None, max_restarts=0,
-                 on_checkpoint_error="warn", on_epoch=None):
+                 on_checkpoint_error="warn", on_epoch=None, timeout=None):
         if not isinstance(job, Job):
             raise PlanError(f"JobRunner needs a Job, got {job!r}")
         if on_checkpoint_error not in ("warn", "raise"):
@@ -204,6 +208,11 @@ class JobRunner:
                 or max_restarts < 0:
             raise PlanError(f"max_restarts must be an int >= 0, got "
                             f"{max_restarts!r}")
+        if timeout is not None and (isinstance(timeout, bool) or
+                                    not isinstance(timeout, (int, float))
+                                    or timeout <= 0):
+            raise PlanError(f"timeout must be a positive number of seconds, "
+                            f"got {timeout!r}")
         if checkpoint_manager is None and (resume_from_epoch is not None or
                                            max_restarts):
             raise PlanError(
@@ -222,9 +231,13 @@ class JobRunner:
         self.max_restarts = max_restarts
         self.on_checkpoint_error = on_checkpoint_error
         self.on_epoch = on_epoch
+        self.timeout = timeout
         self.result = TrainResult()
 
     # -- training -----------------------------------------------------------------
+
+    def _run(self, session, runnable):
+        session.run(runnable, timeout=self.timeout)
 
     def train(self, session):
         """Train to the end; returns the number of the last epoch run."""
@@ -248,25 +261,24 @@ class JobRunner:
                 result.last_epoch = epoch
                 self._finish(session, epoch)
                 return epoch
-            except NodeFailedError as exc:
+            except (NodeFailedError, RunTimeoutError) as exc:
                 if len(result.restarts) >= self.max_restarts:
                     raise
                 resume = self._saved
                 result.restarts.append((resume, str(exc)))
                 log.warning(
-                    "node %r failed (%s); restart %d of %d from %s", exc.node,
-                    exc.signal_name or f"exit {exc.exitcode}",
+                    "%s; restart %d of %d from %s", _what_failed(exc),
                     len(result.restarts), self.max_restarts,
                     "scratch" if resume is None else f"epoch {resume}")
 
     def _finish(self, session, epoch):
         """After the last epoch: upload, download and exit groups."""
         if self.upload_task_group_builder is not None:
-            session.run(self.upload_task_group_builder.build(
+            self._run(session, self.upload_task_group_builder.build(
                 epoch, self.checkpoint_manager))
         for group in (self.job.download_group, self.job.exit_group):
             if group.num_registered_tasks():
-                session.run(group)
+                self._run(session, group)
 
     def _start(self, session, resume):
         """Init (or load) and checkpoint epoch 0; the epoch reached."""
@@ -274,9 +286,9 @@ class JobRunner:
         nodes = self.job.nodes_to_checkpoint()
         if resume is None:
             if self.job.init_group.num_registered_tasks():
-                session.run(self.job.init_group)
+                self._run(session, self.job.init_group)
             if cm is not None:
-                session.run(cm.init(nodes))
+                self._run(session, cm.init(nodes))
                 self._save(session, 0)
             return 0
         log.info("resuming from epoch %d", resume)
@@ -287,8 +299,8 @@ class JobRunner:
                 f"no checkpoint of it under {cm.db_prefix}; the latest "
                 f"complete epoch there is {cm.latest_epoch_on_disk()}")
         try:
-            session.run(cm.init(nodes, retrieve_from_epoch=resume))
-            session.run(cm.load(resume))
+            self._run(session, cm.init(nodes, retrieve_from_epoch=resume))
+            self._run(session, cm.load(resume))
         except TaskFailedError as exc:
             if exc.op_type not in ("CheckpointBlobNames", "LoadCheckpoint"):
                 raise
@@ -302,7 +314,7 @@ class JobRunner:
             epoch += 1
             log.info("epoch %d starting", epoch)
             started, start = time.time(), time.monotonic()
-            session.run(self.job.epoch_group)
+            self._run(session, self.job.epoch_group)
             seconds = time.monotonic() - start
             node_seconds = dict(session.last_run_seconds)
             trace = dict(session.last_run_trace) if session.trace_steps \
@@ -330,7 +342,7 @@ class JobRunner:
         if cm is None:
             return None
         try:
-            session.run(cm.save(epoch, final=final))
+            self._run(session, cm.save(epoch, final=final))
         except TaskFailedError as exc:
             cm.remove_partials(epoch)
             reason = exc.reason
@@ -357,3 +369,12 @@ def _truthy(value):
     if isinstance(value, (list, tuple)):
         return any(_truthy(v) for v in value)
     return bool(np.asarray(value).any())
+
+
+def _what_failed(exc):
+    """One phrase for the log line of a restart."""
+    if isinstance(exc, RunTimeoutError):
+        return f"node(s) {list(exc.nodes)} timed out"
+    return (f"node {exc.node!r} failed "
+            f"({exc.signal_name or f'exit {exc.exitcode}'})")
+

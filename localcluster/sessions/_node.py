@@ -43,7 +43,8 @@ from ..runtime.channels import LocalChannel
 from ..runtime.host import NodeRuntime
 from ..runtime.shm_channel import ShmChannel
 from . import _protocol as P
-from ._plumbing import Output, apply_node_options, set_parent_death_signal
+from ._plumbing import (Output, apply_node_options, reset_signal_handlers,
+                        set_parent_death_signal)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ def node_main(spec, conn, log_conn):
         set_parent_death_signal(signal.SIGKILL)
         if os.getppid() != spec.master_pid:
             os._exit(1)  # the master died before we armed the signal
+    reset_signal_handlers()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the master's
     if spec.close_inherited is not None:
         spec.close_inherited()

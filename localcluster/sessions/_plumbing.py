@@ -16,12 +16,14 @@ import os
 import resource
 import select
 import selectors
+import signal
 import sys
 import threading
 
 import psutil
 
-__all__ = ["set_parent_death_signal", "Output", "apply_node_options"]
+__all__ = ["set_parent_death_signal", "reset_signal_handlers", "Output",
+           "apply_node_options"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -32,6 +34,20 @@ def set_parent_death_signal(sig):
         libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):
         pass  # not Linux: pipe EOF still ends the node
+
+
+def reset_signal_handlers():
+    """Give every signal the master handles in Python (a command line's
+    SIGTERM/SIGHUP handlers, inherited by a fork) its default action
+    again: a node a signal is sent to ends as the kernel ends it, which the
+    master sees as a death it can recover from -- not an exception inside
+    whatever op the node was running."""
+    for sig in signal.valid_signals():
+        try:
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError, TypeError):
+            pass  # SIGKILL/SIGSTOP and the like cannot be handled anyway
 
 
 class Output:

@@ -191,7 +191,7 @@ class _ThreadRunIO(driver.RunIO):
         return RunTimeoutError(
             f"run did not finish within {timeout} s; it was cancelled"
             + (f" ({len(killed)} node thread(s) did not stop, so the session "
-               "is now broken)" if killed else ""))
+               "is now broken)" if killed else ""), nodes=late, killed=killed)
 
 
 def _work(jobs):

@@ -452,7 +452,7 @@ class _ProcessRunIO(driver.RunIO):
                 "; the late nodes stopped when cancelled")
         return RunTimeoutError(
             f"run did not finish within {timeout} s (still running: "
-            f"{late}){what}")
+            f"{late}){what}", nodes=late, killed=killed)
 
 
 def _check_cpus(name, kwargs):
