@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 
 #: exit status of a node that stopped because it exceeded memory_limit
 EXIT_MEMORY = 86
+#: exit status of a node that ended itself: its master was gone
+EXIT_ORPHANED = 87
+#: seconds a node whose master is gone gives its run to stop by itself
+MASTER_GONE_GRACE = 0.3
 
 
 class NodeSpec:
@@ -123,6 +127,7 @@ class _NodeServer:
         self.wakeups = queue.SimpleQueue()
         self.outbox = _Outbox(spec.prefix + "out")
         self.send_lock = threading.Lock()
+        self.finished = threading.Event()   # the main loop ended
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
         threading.Thread(target=self._canceller, daemon=True,
                          name="lc:canceller").start()
@@ -147,11 +152,27 @@ class _NodeServer:
         poller = select.poll()
         poller.register(self.conn.fileno(), select.POLLRDHUP)
         poller.poll()
-        self.runtime.cancel()  # the master is gone: stop; the loop ends
+        # The master is gone: stop the run; the main loop then sees EOF
+        # and ends.  An op that never looks at its cancellation would keep
+        # the node alive (there is no parent-death signal under forkserver,
+        # or when the master's launching thread lives on), so the node
+        # ends itself -- and what it started -- if the loop has not.
+        self.runtime.cancel()
+        if not self.finished.wait(MASTER_GONE_GRACE):
+            try:
+                os.killpg(0, signal.SIGKILL)
+            finally:
+                os._exit(EXIT_ORPHANED)
 
     # -- requests -----------------------------------------------------------
 
     def serve(self):
+        try:
+            return self._serve()
+        finally:
+            self.finished.set()
+
+    def _serve(self):
         while True:
             try:
                 msg = P.recv(self.conn)

@@ -1,0 +1,79 @@
+"""No node outlives its master by more than a moment -- whatever the start
+method, whichever thread made the scheduler, and even while the node is
+busy inside an op that never looks at its cancellation."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from localcluster import LocalHostScheduler
+from localcluster.runtime import shm
+
+BUSY_MASTER = textwrap.dedent("""
+    import functools, threading, time
+    from localcluster import (LocalHostScheduler, Node, Task, TaskGroup,
+                              ops)
+
+    def main():
+        session = LocalHostScheduler({start_method!r}, nodes=["a", "b"])
+        with TaskGroup() as tg:
+            for n in ("a", "b"):
+                with Node(n), Task():
+                    # pickles by reference; deaf to cancels
+                    ops.Python(functools.partial(time.sleep, 3600))([], [])
+        print(session.shm_prefix, *session.node_pids().values(), flush=True)
+        session.run(tg)
+
+    if {in_thread}:
+        threading.Thread(target=main, daemon=True).start()
+        time.sleep(3600)
+    else:
+        main()
+""")
+
+def running(proc):
+    """Not gone, and not a zombie waiting for whoever adopted it."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+CASES = [(method, in_thread) for method in ("fork", "forkserver", "spawn")
+         for in_thread in (False, True)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("start_method,in_thread", CASES,
+                         ids=[f"{m}-{'thread' if t else 'main'}"
+                              for m, t in CASES])
+def test_busy_nodes_die_within_a_second_of_a_killed_master(start_method,
+                                                           in_thread):
+    script = BUSY_MASTER.format(start_method=start_method,
+                                in_thread=in_thread)
+    master = subprocess.Popen([sys.executable, "-c", script],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        prefix, *pids = master.stdout.readline().split()
+        nodes = [psutil.Process(int(p)) for p in pids]
+        time.sleep(0.5)  # the run has started: both nodes sleep in the op
+        master.kill()
+        master.wait(10)
+        start = time.monotonic()
+        alive = nodes
+        while alive and time.monotonic() - start < 10:
+            alive = [p for p in alive if running(p)]
+            time.sleep(0.01)
+        took = time.monotonic() - start
+        assert not alive, f"node processes outlived their master: {alive}"
+        assert took < 1.5, f"the nodes took {took:.2f} s to die"
+        LocalHostScheduler().close()  # sweeps the dead master's segments
+        assert not shm.segments(prefix)
+    finally:
+        if master.poll() is None:
+            master.kill()
+            master.wait(10)
