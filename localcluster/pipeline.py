@@ -114,10 +114,17 @@ class ProcessingReader(Reader):
         return nets + parts + extra, should_stop, out.record.field_blobs()
 
 
+#: records the Queue that pipe() makes holds when no capacity is given
+DEFAULT_CAPACITY = 100
+
+
 def _writer_for(output, capacity, name):
     """(writer, what pipe returns) for ``output``."""
     if output is None:
-        queue = Queue(capacity or 1, name=name)
+        # the job model this API follows gives a pipe's own queue room for
+        # 100 records: a pipe nobody reads yet does not block at once
+        queue = Queue(DEFAULT_CAPACITY if capacity is None else capacity,
+                      name=name)
         return queue.writer(), queue
     if isinstance(output, Queue):
         return output.writer(), None

@@ -343,3 +343,17 @@ def test_reader_with_delay_waits_before_every_read(session):
     session.run(tg, timeout=30)
     assert time.monotonic() - start >= 0.25  # six reads, each after 50 ms
     assert session.fetch_blob("read") == 5
+
+
+def test_a_pipe_queue_nobody_reads_holds_a_hundred_records(session):
+    with TaskGroup(WorkspaceType.GLOBAL) as init:
+        with Node("local"), Task():
+            src = Dataset({"x": np.arange(50)}, name="src")
+    session.run(init)
+    with TaskGroup() as tg:
+        with Node("local"):
+            queue = pipe(src.reader(), processor=lambda rec: {"x": rec["x"]})
+    assert queue.capacity == 100
+    # 50 records fit: the pipe ends without a reader (capacity 1 blocked
+    # on the second record until the timeout)
+    session.run(tg, timeout=20)
