@@ -14,12 +14,19 @@ file is a `CheckpointError` naming it, never half-read.  Data is read
 straight from the file into the destination array (one copy; zipfile's
 own member reader would buffer it).
 
+Only regular files are read.  A path is opened with ``O_NONBLOCK`` -- so
+a FIFO (or a symlink to one) never blocks the open -- and its type is
+checked on the open descriptor (``fstat``), so nothing can be swapped in
+between the check and the read.  A symlink to a regular file is followed:
+links are a legitimate way to keep checkpoints elsewhere.
+
 Pure file I/O: the ops and managers of `localcluster.checkpoint` call it,
 in whichever process runs them.
 """
 
 import json
 import os
+import stat
 import struct
 import zipfile
 import zlib
@@ -96,7 +103,7 @@ def read_checkpoint(path, names=None, sink=None):
     """``(manifest, {name: array})`` of the checkpoint at ``path``, every
     member verified first; only ``names`` if given (names it lacks are
     skipped).  Raises `CheckpointError` naming the file if it is missing,
-    torn or corrupted.
+    not a regular file, torn or corrupted.
 
     ``sink(name, shape, dtype)``, if given, returns the array each blob is
     read into (a workspace's own memory, say): then every member is
@@ -115,7 +122,7 @@ def verify_checkpoint(path):
 def read_manifest(path):
     """The manifest alone (structure checked, data not read)."""
     try:
-        with zipfile.ZipFile(path) as zf:
+        with _open_regular(path) as raw, zipfile.ZipFile(raw) as zf:
             return _manifest(zf, path)
     except CheckpointError:
         raise
@@ -125,11 +132,41 @@ def read_manifest(path):
         raise _corrupt(path, exc) from exc
 
 
+def _open_regular(path):
+    """``path`` opened for unbuffered binary reading, if it is a regular
+    file (a symlink to one is followed); `CheckpointError` otherwise.
+
+    ``O_NONBLOCK``: opening a FIFO for reading would wait for a writer,
+    forever.  The type is checked on the open descriptor, so what is read
+    is what was checked.  Reads of a regular file never block, so the flag
+    is simply cleared again."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK |
+                     getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:  # a socket cannot be opened at all (ENXIO)
+        if isinstance(exc, (FileNotFoundError, PermissionError)):
+            raise
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _scan(path, names, out, sink):
     wanted = None if names is None else set(map(str, names))
     try:
-        with zipfile.ZipFile(path) as zf, open(path, "rb",
-                                               buffering=0) as raw:
+        # one descriptor for zipfile and our own reads: zipfile seeks
+        # before each of its reads, and ours seek first too
+        with _open_regular(path) as raw, zipfile.ZipFile(raw) as zf:
             manifest = _manifest(zf, path)
             entries = [e for e in manifest["blobs"]
                        if wanted is None or e["name"] in wanted]
@@ -155,6 +192,17 @@ def _missing(path):
     return CheckpointError(
         f"checkpoint {path} does not exist: check the db_prefix and the "
         "epoch (get_resume_from_epoch_id() gives the latest complete one)")
+
+
+def _not_regular(path, mode):
+    kind = ("a FIFO" if stat.S_ISFIFO(mode) else
+            "a directory" if stat.S_ISDIR(mode) else
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "of an unknown kind")
+    return CheckpointError(
+        f"checkpoint {path} is {kind}, not a regular file; only regular "
+        "files are read as checkpoints (nothing was read from it) -- "
+        "remove it, or put the node's checkpoint file there")
 
 
 def _corrupt(path, exc):

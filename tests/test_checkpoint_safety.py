@@ -1,0 +1,187 @@
+"""Checkpoints under wrong, missing and hostile files: a checkpoint of
+another node or epoch is refused, the resume epoch is complete on every
+node of the job, what is not a regular file never hangs a reader, and
+what the writers create is private to the user."""
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+import zipfile
+
+import numpy as np
+import pytest
+
+from localcluster import (CheckpointError, Job, JobRunner,
+                          MultiNodeCheckpointManager, Node, Task,
+                          epoch_limiter, ops)
+from localcluster.checkpoint_file import (read_checkpoint, read_manifest,
+                                          verify_checkpoint,
+                                          write_checkpoint)
+
+NODES = ["trainer_0", "trainer_1"]
+EPOCHS = 4
+#: long enough for any read of these small files; short next to a hang
+PATIENCE = 10
+
+
+def build_job(nodes=NODES, epochs=EPOCHS):
+    """Node i: w = 10 * (i + 1) + the epoch -- every node's checkpoint of
+    every epoch holds something else."""
+    with Job() as job:
+        for i, node in enumerate(nodes):
+            with Node(node):
+                with job.init_group, Task():
+                    ops.Const(np.full(3, 10.0 * (i + 1)), name="w")
+                with Task():
+                    ops.Add(["w", ops.Const(np.array(1.0))], ["w"])
+        with Node(nodes[0]):
+            epoch_limiter(job, epochs)
+    return job
+
+
+def w_of(session, node):
+    return session.fetch_blob("w", node).tolist()
+
+
+@pytest.fixture
+def open_umask():
+    """The usual umask (022) while the test runs: what stays private then
+    is private because the writer made it so."""
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+@pytest.fixture
+def trained(session_factory, tmp_path):
+    """``(session, manager, make_session)`` after training `build_job`
+    into ``tmp_path/ck`` (epochs 0..4 of both nodes)."""
+    session = session_factory()
+    manager = MultiNodeCheckpointManager(str(tmp_path / "ck"))
+    assert JobRunner(build_job(), manager).train(session) == EPOCHS
+    return session, manager, session_factory
+
+
+def path_of(manager, node, epoch):
+    return manager.get_ckpt_db_name(node, epoch)
+
+
+def edit_manifest(path, **changes):
+    """Rewrite ``path`` with its manifest changed (None deletes a key) and
+    every blob byte for byte as it was: a valid file, CRCs and all."""
+    with zipfile.ZipFile(path) as zf:
+        members = [(info.filename, zf.read(info)) for info in zf.infolist()]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        for name, data in members:
+            if name == "__manifest__.json":
+                manifest = json.loads(data)
+                for key, value in changes.items():
+                    if value is None:
+                        manifest.pop(key, None)
+                    else:
+                        manifest[key] = value
+                data = json.dumps(manifest).encode()
+            zf.writestr(name, data)
+
+
+def bounded(call, fifos=()):
+    """``call()``'s result -- or the test fails if it has not returned
+    within PATIENCE seconds, after releasing a reader blocked on one of
+    ``fifos`` (a writer opening and closing it gives the reader EOF), so
+    no thread stays stuck."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 -- re-raised below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(PATIENCE)
+    if thread.is_alive():
+        while thread.is_alive():
+            for fifo in fifos:
+                try:
+                    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError:
+                    pass  # no reader on this one
+            thread.join(0.1)
+        pytest.fail(f"{call} blocked for {PATIENCE} s (opened a FIFO?)")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def cli(*args, timeout=60):
+    return subprocess.run(
+        [sys.executable, "-m", "localcluster.run", "--session", "local",
+         *args], capture_output=True, text=True, timeout=timeout)
+
+
+# -- 13. only regular files are read, never blocking -----------------------------------
+
+def not_regular(tmp_path, kind):
+    """A path named like a checkpoint that is no regular file."""
+    path = str(tmp_path / f"{kind}.1")
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "link_to_fifo":
+        os.mkfifo(str(tmp_path / "real_fifo"))
+        os.symlink(str(tmp_path / "real_fifo"), path)
+    else:
+        os.mkdir(path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link_to_fifo", "directory"])
+@pytest.mark.parametrize("read", [read_checkpoint, verify_checkpoint,
+                                  read_manifest])
+def test_what_is_no_regular_file_is_refused_at_once(tmp_path, kind, read):
+    path = not_regular(tmp_path, kind)
+    fifos = [path, str(tmp_path / "real_fifo")]
+    with pytest.raises(CheckpointError, match="not a regular file") as info:
+        bounded(lambda: read(path), fifos)
+    assert path in str(info.value)
+    if kind != "directory":
+        assert "FIFO" in str(info.value)
+
+
+def test_fifos_named_like_checkpoints_never_hang_a_resume(trained):
+    session, manager, _ = trained
+    fifos = []
+    for node in NODES:  # a whole epoch 5 of FIFOs: the latest "complete"
+        fifos.append(path_of(manager, node, 5))
+        os.mkfifo(fifos[-1])
+    fresh = MultiNodeCheckpointManager(manager.db_prefix)
+    assert bounded(fresh.get_resume_from_epoch_id, fifos) == 4
+    assert bounded(manager.get_resume_from_epoch_id, fifos) == 4
+    with pytest.raises(CheckpointError, match="epoch 5"):
+        bounded(lambda: fresh.get_resume_from_epoch_id(5), fifos)
+    # a node asked to load one refuses it, it does not wait for a writer
+    target = path_of(manager, "trainer_0", 3)
+    os.unlink(target)
+    os.symlink(fifos[0], target)
+    with pytest.raises(Exception, match="FIFO, not a regular file"):
+        bounded(lambda: session.run(manager.load(3), timeout=PATIENCE * 2),
+                fifos)
+
+
+def test_the_command_line_resume_past_fifos_does_not_hang(tmp_path):
+    ckpt = str(tmp_path / "ck")
+    first = cli("--epochs", "2", "--checkpoint-dir", ckpt)
+    assert first.returncode == 0, first.stderr
+    for name in os.listdir(ckpt):
+        if name.endswith(".2"):
+            os.mkfifo(os.path.join(ckpt, name[:-2] + ".3"))
+    try:
+        again = cli("--checkpoint-dir", ckpt, "--resume", timeout=PATIENCE * 3)
+    except subprocess.TimeoutExpired:
+        pytest.fail("--resume hung on the FIFOs")
+    assert again.returncode == 0, again.stderr
+    assert "resuming from epoch 2" in again.stdout
