@@ -14,6 +14,10 @@ file is a `CheckpointError` naming it, never half-read.  Data is read
 straight from the file into the destination array (one copy; zipfile's
 own member reader would buffer it).
 
+Checkpoints are private to the user who trains: files are created 0600
+and the directories the writer creates 0700 (a checkpoint holds the
+model; the shared-memory segments are 0600 for the same reason).
+
 Only regular files are read.  A path is opened with ``O_NONBLOCK`` -- so
 a FIFO (or a symlink to one) never blocks the open -- and its type is
 checked on the open descriptor (``fstat``), so nothing can be swapped in
@@ -37,7 +41,8 @@ from .errors import CheckpointError
 
 __all__ = ["BLOB_NAMES", "checkpointable", "write_checkpoint",
            "read_checkpoint", "verify_checkpoint", "read_manifest",
-           "remove_partials", "remove_partials_under", "PARTIAL"]
+           "make_private_dirs", "remove_partials", "remove_partials_under",
+           "PARTIAL"]
 
 #: the blob (on every checkpointed node) listing what its checkpoint holds
 BLOB_NAMES = "__checkpoint__/blob_names"
@@ -48,6 +53,9 @@ PARTIAL = ".partial-"
 _CHUNK = 1 << 20
 #: a .npy header we read (a dtype of many fields makes a long one)
 _MAX_HEADER = 1 << 24
+#: modes of what the writer creates: the user's alone
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
 
 def checkpointable(name, value):
@@ -61,13 +69,13 @@ def write_checkpoint(path, blobs, meta=None):
     docstring); returns the manifest.  Nothing is left at ``path`` or
     beside it if writing fails."""
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
+    make_private_dirs(directory)
     remove_partials(path, dead_only=True)
     # unique per writer: two writers of one path never share a temp file
     tmp = f"{path}{PARTIAL}{os.getpid()}-{os.urandom(4).hex()}"
     entries = []
     try:
-        with open(tmp, "wb") as f:
+        with _create_private(tmp) as f:
             with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED,
                                  allowZip64=True) as zf:
                 for name, value in blobs.items():
@@ -83,6 +91,37 @@ def write_checkpoint(path, blobs, meta=None):
         raise
     _fsync_dir(directory)
     return manifest
+
+
+def _create_private(path):
+    """A new file at ``path``, mode 0600, for writing.  ``O_EXCL``: a name
+    that exists -- whatever it is, a symlink included -- fails instead of
+    being written through."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL |
+                 getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    try:
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def make_private_dirs(directory):
+    """Create ``directory`` and its missing parents, each 0700 (unlike
+    ``os.makedirs``, whose parents get the umask's mode); one that exists
+    is left as it is.  Safe when several writers race to create it."""
+    if os.path.isdir(directory):
+        return
+    head, tail = os.path.split(directory)
+    if not tail:  # "a/b/"
+        head, tail = os.path.split(head)
+    if head and tail and not os.path.isdir(head):
+        make_private_dirs(head)
+    try:
+        os.mkdir(directory, DIR_MODE)
+    except FileExistsError:
+        if not os.path.isdir(directory):
+            raise
 
 
 def _write_member(zf, name, value):

@@ -185,3 +185,32 @@ def test_the_command_line_resume_past_fifos_does_not_hang(tmp_path):
         pytest.fail("--resume hung on the FIFOs")
     assert again.returncode == 0, again.stderr
     assert "resuming from epoch 2" in again.stdout
+
+
+# -- 15. what the writers create is the user's alone -----------------------------------
+
+def private(path, mode):
+    return stat.S_IMODE(os.stat(path).st_mode) == mode
+
+
+def test_write_checkpoint_creates_files_0600_and_directories_0700(
+        open_umask, tmp_path):
+    path = str(tmp_path / "made" / "here" / "node.1")
+    write_checkpoint(path, {"w": np.arange(3)}, {"node": "node", "epoch": 1})
+    assert private(path, 0o600)
+    assert private(tmp_path / "made", 0o700)
+    assert private(tmp_path / "made" / "here", 0o700)
+    write_checkpoint(path, {"w": np.arange(4)})  # replaced: still private
+    assert private(path, 0o600)
+
+
+def test_a_jobs_checkpoints_are_private(open_umask, session_factory,
+                                        tmp_path):
+    manager = MultiNodeCheckpointManager(str(tmp_path / "ck" / "run"))
+    JobRunner(build_job(), manager).train(session_factory())
+    assert private(tmp_path / "ck", 0o700)
+    assert private(manager.db_prefix, 0o700)
+    names = os.listdir(manager.db_prefix)
+    assert len(names) == len(NODES) * (EPOCHS + 1)
+    for name in names:
+        assert private(os.path.join(manager.db_prefix, name), 0o600), name
