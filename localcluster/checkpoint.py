@@ -15,6 +15,11 @@ TaskGroups (for ``session.run``) and look at files; they hold no session::
     session.run(manager.save(3)) --plan-->   SaveCheckpoint op: write its
                                                blobs to <prefix>/<node>.3
     manager.get_resume_from_epoch_id()       (reads the files, verifies)
+
+Every checkpoint's manifest records its node and its epoch, and loading
+checks them against what is loaded: ``<node>.<epoch>`` must hold that
+node's checkpoint of that epoch, not a copy, link or edit of another
+(`CheckpointError` naming both).
 """
 
 import abc
@@ -36,6 +41,10 @@ __all__ = ["CheckpointManager", "MultiNodeCheckpointManager",
            "UploadTaskGroupBuilder", "MetadataHandler", "BLOB_NAMES"]
 
 
+#: a checkpoint's file name, ``<node>.<epoch>``
+_EPOCH_FILE = re.compile(r"^(?P<node>.+)\.(?P<epoch>\d+)$")
+
+
 # -- the ops a node runs ----------------------------------------------------------
 
 def _workspace(ctx):
@@ -46,12 +55,25 @@ def _workspace(ctx):
     return ws
 
 
+def _expected(ctx, path, epoch):
+    """``(node, epoch)`` a checkpoint loaded from ``path`` must be of: the
+    node loading it, and ``epoch`` -- or, if none was given (< 0), the
+    epoch its name ``<node>.<epoch>`` says, if it says one."""
+    if epoch < 0:
+        named = _EPOCH_FILE.match(os.path.basename(path))
+        epoch = int(named["epoch"]) if named else None
+    return ctx.node, epoch
+
+
 @register_op("CheckpointBlobNames", context=True)
-def checkpoint_blob_names(ctx, path=""):
+def checkpoint_blob_names(ctx, path="", epoch=-1):
     """The names of what this node checkpoints: its global workspace's
-    array blobs now, or -- given ``path`` -- the blobs of that checkpoint."""
+    array blobs now, or -- given ``path`` -- the blobs of that checkpoint
+    (of this node and ``epoch``)."""
     if path:
-        names = [e["name"] for e in read_manifest(path)["blobs"]]
+        node, epoch = _expected(ctx, path, epoch)
+        names = [e["name"] for e in
+                 read_manifest(path, node=node, epoch=epoch)["blobs"]]
     else:
         ws = _workspace(ctx)
         with ws.lock:
@@ -79,15 +101,18 @@ def save_checkpoint(ctx, names, path="", epoch=0, final=False):
 
 
 @register_op("LoadCheckpoint", num_outputs=0, context=True)
-def load_checkpoint(ctx, path="", names=None):
+def load_checkpoint(ctx, path="", names=None, epoch=-1):
     """Put the blobs of the checkpoint at ``path`` (only ``names``, if
-    given) into this node's global workspace, after verifying all of them;
-    a full load also resets the node's list of checkpointed blobs."""
+    given) into this node's global workspace, after verifying all of them
+    and that it is this node's checkpoint of ``epoch``; a full load also
+    resets the node's list of checkpointed blobs."""
     ws = _workspace(ctx)
+    node, epoch = _expected(ctx, path, epoch)
     with ws.lock:
         # every blob verified, then read straight into the memory the
         # node's store gives it (its shared-memory segment, say)
-        manifest, _ = read_checkpoint(path, names, ws.store.reserve)
+        manifest, _ = read_checkpoint(path, names, ws.store.reserve,
+                                      node=node, epoch=epoch)
         if names is None:
             ws.set(BLOB_NAMES, np.array([e["name"] for e in
                                          manifest["blobs"]], dtype=str)
@@ -111,9 +136,6 @@ class MetadataHandler:
         """The epoch to resume from, or None to let the manager look at
         the files."""
         return None
-
-
-_EPOCH_FILE = re.compile(r"^(?P<node>.+)\.(?P<epoch>\d+)$")
 
 
 class _Manager:
@@ -178,9 +200,12 @@ class _Manager:
 
         def net(node):
             n = Net("checkpoint_init")
-            path = "" if retrieve_from_epoch is None else \
-                self.get_ckpt_db_name(node, retrieve_from_epoch)
-            n.CheckpointBlobNames([], [BLOB_NAMES], path=path)
+            if retrieve_from_epoch is None:
+                n.CheckpointBlobNames([], [BLOB_NAMES])
+            else:
+                n.CheckpointBlobNames(
+                    [], [BLOB_NAMES], epoch=int(retrieve_from_epoch),
+                    path=self.get_ckpt_db_name(node, retrieve_from_epoch))
             return n
         return self._group(net)
 
@@ -200,7 +225,8 @@ class _Manager:
     def epoch_is_final(self, epoch):
         """Whether training stopped after ``epoch`` (its checkpoints say so).
         """
-        return any(read_manifest(self.get_ckpt_db_name(node, epoch))
+        return any(read_manifest(self.get_ckpt_db_name(node, epoch),
+                                 node=node, epoch=epoch)
                    .get("final", False) for node in self._nodes_for_files())
 
     def load(self, epoch):
@@ -217,7 +243,7 @@ class _Manager:
         def net(node):
             n = Net("checkpoint_load")
             n.LoadCheckpoint([], [], path=self.get_ckpt_db_name(node, epoch),
-                             names=names)
+                             names=names, epoch=int(epoch))
             return n
         return self._group(net)
 
@@ -249,8 +275,9 @@ class _Manager:
             if found["node"] in nodes:
                 continue
             try:
-                manifest = read_manifest(self.get_ckpt_db_name(
-                    found["node"], found["epoch"]))
+                manifest = read_manifest(
+                    self.get_ckpt_db_name(found["node"], found["epoch"]),
+                    node=found["node"], epoch=found["epoch"])
             except CheckpointError:
                 continue
             if manifest.get("node") == found["node"]:
@@ -272,7 +299,8 @@ class _Manager:
             return False
         for node in nodes:
             try:
-                verify_checkpoint(self.get_ckpt_db_name(node, epoch))
+                verify_checkpoint(self.get_ckpt_db_name(node, epoch),
+                                  node=node, epoch=epoch)
             except CheckpointError:
                 return False
         return True
@@ -367,7 +395,7 @@ class MultiNodeCheckpointManager(_Manager):
                 net = Net("checkpoint_load_blobs")
                 net.LoadCheckpoint([], [],
                                    path=self.get_ckpt_db_name(node, epoch),
-                                   names=names)
+                                   names=names, epoch=int(epoch))
                 Task(step=net, group=group, name="checkpoint")
             session.run(group)
         return True

@@ -18,11 +18,21 @@ Checkpoints are private to the user who trains: files are created 0600
 and the directories the writer creates 0700 (a checkpoint holds the
 model; the shared-memory segments are 0600 for the same reason).
 
+Identity.  The manifest names the node and epoch a checkpoint is of
+(``meta``), and every reader may say which it expects (``node=``,
+``epoch=``): a checkpoint of another node or epoch -- a file copied,
+renamed, linked or its manifest edited -- is a `CheckpointError` naming
+both, never loaded as the one asked for.  A manifest that names no node
+(or no epoch) -- one written without that ``meta`` -- cannot be checked
+for it and is read as before: a missing name is no evidence of a wrong
+one, and the CRCs still guard the data.
+
 Only regular files are read.  A path is opened with ``O_NONBLOCK`` -- so
 a FIFO (or a symlink to one) never blocks the open -- and its type is
 checked on the open descriptor (``fstat``), so nothing can be swapped in
 between the check and the read.  A symlink to a regular file is followed:
-links are a legitimate way to keep checkpoints elsewhere.
+links are a legitimate way to keep checkpoints elsewhere, and the
+identity check refuses one that points at another node's or epoch's file.
 
 Pure file I/O: the ops and managers of `localcluster.checkpoint` call it,
 in whichever process runs them.
@@ -138,31 +148,34 @@ def _write_member(zf, name, value):
             "crc32": info.CRC}
 
 
-def read_checkpoint(path, names=None, sink=None):
+def read_checkpoint(path, names=None, sink=None, node=None, epoch=None):
     """``(manifest, {name: array})`` of the checkpoint at ``path``, every
     member verified first; only ``names`` if given (names it lacks are
     skipped).  Raises `CheckpointError` naming the file if it is missing,
-    not a regular file, torn or corrupted.
+    not a regular file, torn or corrupted -- or, given ``node`` or
+    ``epoch``, the checkpoint of another node or epoch (see the module).
 
     ``sink(name, shape, dtype)``, if given, returns the array each blob is
     read into (a workspace's own memory, say): then every member is
     verified before the first byte is written there."""
     blobs = {}
-    manifest = _scan(path, names, blobs, sink)
+    manifest = _scan(path, names, blobs, sink, node, epoch)
     return manifest, blobs
 
 
-def verify_checkpoint(path):
+def verify_checkpoint(path, node=None, epoch=None):
     """The manifest of the checkpoint at ``path`` after reading every byte
-    of it and checking every checksum; `CheckpointError` if it fails."""
-    return _scan(path, None, None, None)
+    of it and checking every checksum (and, if given, that it is of
+    ``node`` and ``epoch``); `CheckpointError` if it fails."""
+    return _scan(path, None, None, None, node, epoch)
 
 
-def read_manifest(path):
-    """The manifest alone (structure checked, data not read)."""
+def read_manifest(path, node=None, epoch=None):
+    """The manifest alone (structure checked -- and, if given, ``node``
+    and ``epoch`` -- data not read)."""
     try:
         with _open_regular(path) as raw, zipfile.ZipFile(raw) as zf:
-            return _manifest(zf, path)
+            return _check_identity(_manifest(zf, path), path, node, epoch)
     except CheckpointError:
         raise
     except FileNotFoundError as exc:
@@ -200,13 +213,43 @@ def _open_regular(path):
         raise
 
 
-def _scan(path, names, out, sink):
+def _check_identity(manifest, path, node, epoch):
+    """``manifest`` if it is of ``node`` and ``epoch`` (each checked if
+    given and if the manifest names it); `CheckpointError` naming both
+    otherwise."""
+    wrong_node = node is not None and "node" in manifest and \
+        manifest["node"] != node
+    wrong_epoch = epoch is not None and "epoch" in manifest and (
+        type(manifest["epoch"]) is not int or
+        manifest["epoch"] != int(epoch))
+    if wrong_node or wrong_epoch:
+        found = _identity(manifest.get("node"), manifest.get("epoch"))
+        raise CheckpointError(
+            f"checkpoint {path} is of {found} (its manifest says so), not "
+            f"of {_identity(node, epoch)} that was to be loaded; it was not "
+            "loaded -- a file copied, renamed or linked from another node or"
+            " epoch, or an edited manifest: put that node's own checkpoint "
+            "of that epoch there, or resume from another epoch "
+            "(get_resume_from_epoch_id() skips such files)")
+    return manifest
+
+
+def _identity(node, epoch):
+    return " ".join(part for part in (
+        None if node is None else f"node {node!r}",
+        None if epoch is None else f"epoch {epoch!r}" if
+        isinstance(epoch, str) else f"epoch {epoch}") if part) or \
+        "no node or epoch"
+
+
+def _scan(path, names, out, sink, node=None, epoch=None):
     wanted = None if names is None else set(map(str, names))
     try:
         # one descriptor for zipfile and our own reads: zipfile seeks
         # before each of its reads, and ours seek first too
         with _open_regular(path) as raw, zipfile.ZipFile(raw) as zf:
-            manifest = _manifest(zf, path)
+            manifest = _check_identity(_manifest(zf, path), path, node,
+                                       epoch)
             entries = [e for e in manifest["blobs"]
                        if wanted is None or e["name"] in wanted]
             places = [_locate(zf, raw, e, path) for e in entries]

@@ -124,6 +124,109 @@ def cli(*args, timeout=60):
          *args], capture_output=True, text=True, timeout=timeout)
 
 
+# -- 10. a checkpoint of the wrong node or epoch ---------------------------------------
+
+def test_another_nodes_checkpoint_is_refused_naming_both(trained):
+    session, manager, make_session = trained
+    shutil.copyfile(path_of(manager, "trainer_1", 4),
+                    path_of(manager, "trainer_0", 4))
+    with pytest.raises(Exception) as info:
+        session.run(manager.load(4))
+    message = str(info.value)
+    assert "CheckpointError" in message
+    assert "node 'trainer_1'" in message and "node 'trainer_0'" in message
+    assert w_of(session, "trainer_0") == [14.0] * 3  # nothing loaded
+    with pytest.raises(Exception, match="node 'trainer_1'"):
+        manager.load_blobs_locally(["trainer_0"], ["w"], 4, session)
+    # resuming skips it, and refuses it when asked for it
+    assert manager.get_resume_from_epoch_id() == 3
+    assert MultiNodeCheckpointManager(manager.db_prefix) \
+        .get_resume_from_epoch_id() == 3
+    with pytest.raises(CheckpointError, match="epoch 4"):
+        manager.get_resume_from_epoch_id(4)
+    with pytest.raises(CheckpointError,
+                       match="cannot resume from epoch 4.*'trainer_1'"):
+        JobRunner(build_job(), MultiNodeCheckpointManager(manager.db_prefix),
+                  resume_from_epoch=4).train(make_session())
+
+
+def test_an_older_epochs_checkpoint_is_refused_naming_both(trained):
+    session, manager, _ = trained
+    shutil.copyfile(path_of(manager, "trainer_0", 2),
+                    path_of(manager, "trainer_0", 4))
+    with pytest.raises(Exception) as info:
+        session.run(manager.load(4))
+    assert "epoch 2" in str(info.value) and "epoch 4" in str(info.value)
+    assert w_of(session, "trainer_0") == [14.0] * 3
+    assert manager.get_resume_from_epoch_id() == 3
+
+
+def test_a_symlink_to_another_epoch_is_refused_one_to_the_same_loads(
+        trained, tmp_path):
+    """Decision: symlinks to regular files are followed (checkpoints kept
+    elsewhere are fine); the manifest says whose file it really is."""
+    session, manager, _ = trained
+    target = path_of(manager, "trainer_0", 4)
+    os.replace(target, target + ".elsewhere")
+    os.symlink(path_of(manager, "trainer_0", 1), target)
+    with pytest.raises(Exception) as info:
+        session.run(manager.load(4))
+    assert "epoch 1" in str(info.value) and "epoch 4" in str(info.value)
+    assert manager.get_resume_from_epoch_id() == 3
+
+    os.unlink(target)
+    kept = tmp_path / "kept" / "trainer_0.4"
+    kept.parent.mkdir()
+    os.replace(target + ".elsewhere", kept)
+    os.symlink(kept, target)
+    session.run(manager.load(2))
+    session.run(manager.load(4))
+    assert w_of(session, "trainer_0") == [14.0] * 3
+    assert manager.get_resume_from_epoch_id() == 4
+
+
+@pytest.mark.parametrize("edit", [{"node": "trainer_1"}, {"epoch": 3},
+                                  {"epoch": "4"}, {"epoch": True}])
+def test_an_edited_manifest_is_refused(trained, edit):
+    session, manager, _ = trained
+    edit_manifest(path_of(manager, "trainer_0", 4), **edit)
+    with pytest.raises(Exception, match="CheckpointError.*trainer_0"):
+        session.run(manager.load(4))
+    assert manager.get_resume_from_epoch_id() == 3
+
+
+def test_a_manifest_naming_no_node_or_epoch_still_loads(trained):
+    """Decision: a checkpoint written without its node and epoch (before
+    they were recorded, or by write_checkpoint without them) cannot be
+    checked for them and loads as before."""
+    session, manager, _ = trained
+    for node in NODES:
+        edit_manifest(path_of(manager, node, 2), node=None, epoch=None)
+    session.run(manager.load(2))
+    assert w_of(session, "trainer_0") == [12.0] * 3
+    assert w_of(session, "trainer_1") == [22.0] * 3
+    assert manager.get_resume_from_epoch_id(2) == 2
+
+
+def test_the_file_readers_check_the_node_and_epoch_asked_for(tmp_path):
+    path = str(tmp_path / "a.3")
+    write_checkpoint(path, {"w": np.arange(3)}, {"node": "a", "epoch": 3})
+    for read in (read_checkpoint, verify_checkpoint, read_manifest):
+        read(path, node="a", epoch=3)
+        read(path)  # nothing asked, nothing checked
+        with pytest.raises(CheckpointError,
+                           match=r"a\.3 is of node 'a' epoch 3 .*not of "
+                                 r"node 'b' epoch 3 that was to be loaded"):
+            read(path, node="b", epoch=3)
+        with pytest.raises(CheckpointError,
+                           match="node 'a' epoch 3 .*not of epoch 7"):
+            read(path, epoch=7)
+    legacy = str(tmp_path / "a.4")
+    write_checkpoint(legacy, {"w": np.arange(3)})
+    assert read_checkpoint(legacy, node="b", epoch=9)[1]["w"].tolist() == \
+        [0, 1, 2]
+
+
 # -- 13. only regular files are read, never blocking -----------------------------------
 
 def not_regular(tmp_path, kind):
