@@ -16,10 +16,16 @@ TaskGroups (for ``session.run``) and look at files; they hold no session::
                                                blobs to <prefix>/<node>.3
     manager.get_resume_from_epoch_id()       (reads the files, verifies)
 
-Every checkpoint's manifest records its node and its epoch, and loading
-checks them against what is loaded: ``<node>.<epoch>`` must hold that
-node's checkpoint of that epoch, not a copy, link or edit of another
-(`CheckpointError` naming both).
+Every checkpoint's manifest records its node, its epoch and the job's
+checkpointed nodes (``job_nodes``).  Loading checks the first two against
+what is loaded -- ``<node>.<epoch>`` must hold that node's checkpoint of
+that epoch, not a copy, link or edit of another (`CheckpointError` naming
+both) -- and the resume epoch is the latest one complete and valid on
+*every* node of the job: the nodes the manager was ``init``-ed with, or,
+before that, every node the checkpoints under ``db_prefix`` name -- their
+writers and their ``job_nodes`` -- so a node that never wrote a file
+still makes every epoch incomplete.  Checkpoints written before
+``job_nodes`` was recorded count the nodes that wrote a file, as before.
 """
 
 import abc
@@ -83,9 +89,11 @@ def checkpoint_blob_names(ctx, path="", epoch=-1):
 
 
 @register_op("SaveCheckpoint", num_outputs=0, context=True)
-def save_checkpoint(ctx, names, path="", epoch=0, final=False):
+def save_checkpoint(ctx, names, path="", epoch=0, final=False,
+                    job_nodes=()):
     """Write the blobs listed in ``names`` to ``path`` (see the module);
-    ``final`` marks the epoch training stopped after."""
+    ``final`` marks the epoch training stopped after, ``job_nodes`` are
+    every node checkpointing it (so a reader knows who else must have)."""
     ws = _workspace(ctx)
     blobs = {}
     for name in names.tolist():
@@ -97,7 +105,8 @@ def save_checkpoint(ctx, names, path="", epoch=0, final=False):
                 "blob the init group left")
         blobs[name] = value
     write_checkpoint(path, blobs, {"node": ctx.node, "epoch": int(epoch),
-                                   "final": bool(final)})
+                                   "final": bool(final),
+                                   "job_nodes": [str(n) for n in job_nodes]})
 
 
 @register_op("LoadCheckpoint", num_outputs=0, context=True)
@@ -136,6 +145,16 @@ class MetadataHandler:
         """The epoch to resume from, or None to let the manager look at
         the files."""
         return None
+
+
+def _job_nodes(manifest):
+    """The job's checkpointed nodes a manifest lists (none if it lists
+    none, or not as a list of names)."""
+    listed = manifest.get("job_nodes")
+    if not isinstance(listed, list) or \
+            not all(isinstance(n, str) for n in listed):
+        return []
+    return listed
 
 
 class _Manager:
@@ -214,11 +233,14 @@ class _Manager:
         ``epoch`` (creating ``db_prefix`` if needed); ``final`` records
         that training stopped after this epoch, so a run resumed from it
         runs no more epochs."""
+        job_nodes = tuple(self._checkpointed())
+
         def net(node):
             n = Net("checkpoint_save")
             n.SaveCheckpoint([BLOB_NAMES], [],
                              path=self.get_ckpt_db_name(node, epoch),
-                             epoch=int(epoch), final=bool(final))
+                             epoch=int(epoch), final=bool(final),
+                             job_nodes=job_nodes)
             return n
         return self._group(net)
 
@@ -265,14 +287,19 @@ class _Manager:
     # -- files ----------------------------------------------------------------------
 
     def _nodes_for_files(self):
-        """The checkpointed nodes; before init, the nodes that wrote a
-        checkpoint under ``db_prefix`` (files whose manifest says so --
-        ``train.log.1`` is no node)."""
+        """The nodes an epoch must be complete on: the checkpointed nodes;
+        before init, the nodes of the job as its checkpoints under
+        ``db_prefix`` tell -- each node that wrote one (a file whose
+        manifest says so: ``train.log.1`` is no node) and the ``job_nodes``
+        its latest such file lists (so a node that never wrote one counts
+        too)."""
         if self._nodes is not None:
             return self._nodes
-        nodes = set()
-        for found in self._files():
-            if found["node"] in nodes:
+        writers, nodes = set(), set()
+        # each writer's latest file: what the job was when it last saved
+        for found in sorted(self._files(),
+                            key=lambda f: (f["node"], -f["epoch"])):
+            if found["node"] in writers:
                 continue
             try:
                 manifest = read_manifest(
@@ -281,8 +308,9 @@ class _Manager:
             except CheckpointError:
                 continue
             if manifest.get("node") == found["node"]:
-                nodes.add(found["node"])
-        return sorted(nodes)
+                writers.add(found["node"])
+                nodes.update(_job_nodes(manifest))
+        return sorted(writers | nodes)
 
     def _files(self):
         try:

@@ -227,6 +227,48 @@ def test_the_file_readers_check_the_node_and_epoch_asked_for(tmp_path):
         [0, 1, 2]
 
 
+# -- 11. the resume epoch is complete on every node of the job ---------------------------
+
+def test_a_node_that_never_wrote_leaves_no_epoch_to_resume(trained):
+    session, manager, make_session = trained
+    for epoch in range(EPOCHS + 1):
+        os.unlink(path_of(manager, "trainer_1", epoch))
+    fresh = MultiNodeCheckpointManager(manager.db_prefix)  # knows no nodes
+    assert fresh.get_resume_from_epoch_id() is None
+    with pytest.raises(CheckpointError, match="epoch 2.*'trainer_1'"):
+        fresh.get_resume_from_epoch_id(2)
+    assert manager.get_resume_from_epoch_id() is None  # init-ed: NODES
+    with pytest.raises(CheckpointError,
+                       match="'trainer_1'.*latest complete epoch there is "
+                             "None"):
+        JobRunner(build_job(), fresh, resume_from_epoch=3).train(
+            make_session())
+
+
+def test_the_resume_epoch_is_the_latest_complete_on_every_node(trained):
+    _, manager, _ = trained
+    for epoch in (3, 4):
+        os.unlink(path_of(manager, "trainer_1", epoch))
+    fresh = MultiNodeCheckpointManager(manager.db_prefix)
+    assert fresh.get_resume_from_epoch_id() == 2
+    assert manager.get_resume_from_epoch_id() == 2
+    # the nodes a manager was init-ed with rule: here one never wrote
+    manager.init(NODES + ["trainer_2"])
+    assert manager.get_resume_from_epoch_id() is None
+
+
+def test_the_command_line_offers_no_resume_that_fails_again(tmp_path):
+    ckpt = str(tmp_path / "ck")
+    first = cli("--epochs", "2", "--checkpoint-dir", ckpt)
+    assert first.returncode == 0, first.stderr
+    for name in os.listdir(ckpt):
+        if name.startswith("ps."):
+            os.unlink(os.path.join(ckpt, name))
+    again = cli("--checkpoint-dir", ckpt, "--resume")
+    assert again.returncode == 1, again.stderr
+    assert "resume with" not in again.stdout + again.stderr
+
+
 # -- 13. only regular files are read, never blocking -----------------------------------
 
 def not_regular(tmp_path, kind):
