@@ -15,6 +15,17 @@ TaskGroups (for ``session.run``) and look at files; they hold no session::
     session.run(manager.save(3)) --plan-->   SaveCheckpoint op: write its
                                                blobs to <prefix>/<node>.3
     manager.get_resume_from_epoch_id()       (reads the files, verifies)
+
+Every checkpoint's manifest records its node, its epoch and the job's
+checkpointed nodes (``job_nodes``).  Loading checks the first two against
+what is loaded -- ``<node>.<epoch>`` must hold that node's checkpoint of
+that epoch, not a copy, link or edit of another (`CheckpointError` naming
+both) -- and the resume epoch is the latest one complete and valid on
+*every* node of the job: the nodes the manager was ``init``-ed with, or,
+before that, every node the checkpoints under ``db_prefix`` name -- their
+writers and their ``job_nodes`` -- so a node that never wrote a file
+still makes every epoch incomplete.  Checkpoints written before
+``job_nodes`` was recorded count the nodes that wrote a file, as before.
 """
 
 import abc
@@ -36,6 +47,10 @@ __all__ = ["CheckpointManager", "MultiNodeCheckpointManager",
            "UploadTaskGroupBuilder", "MetadataHandler", "BLOB_NAMES"]
 
 
+#: a checkpoint's file name, ``<node>.<epoch>``
+_EPOCH_FILE = re.compile(r"^(?P<node>.+)\.(?P<epoch>\d+)$")
+
+
 # -- the ops a node runs ----------------------------------------------------------
 
 def _workspace(ctx):
@@ -46,12 +61,25 @@ def _workspace(ctx):
     return ws
 
 
+def _expected(ctx, path, epoch):
+    """``(node, epoch)`` a checkpoint loaded from ``path`` must be of: the
+    node loading it, and ``epoch`` -- or, if none was given (< 0), the
+    epoch its name ``<node>.<epoch>`` says, if it says one."""
+    if epoch < 0:
+        named = _EPOCH_FILE.match(os.path.basename(path))
+        epoch = int(named["epoch"]) if named else None
+    return ctx.node, epoch
+
+
 @register_op("CheckpointBlobNames", context=True)
-def checkpoint_blob_names(ctx, path=""):
+def checkpoint_blob_names(ctx, path="", epoch=-1):
     """The names of what this node checkpoints: its global workspace's
-    array blobs now, or -- given ``path`` -- the blobs of that checkpoint."""
+    array blobs now, or -- given ``path`` -- the blobs of that checkpoint
+    (of this node and ``epoch``)."""
     if path:
-        names = [e["name"] for e in read_manifest(path)["blobs"]]
+        node, epoch = _expected(ctx, path, epoch)
+        names = [e["name"] for e in
+                 read_manifest(path, node=node, epoch=epoch)["blobs"]]
     else:
         ws = _workspace(ctx)
         with ws.lock:
@@ -61,9 +89,11 @@ def checkpoint_blob_names(ctx, path=""):
 
 
 @register_op("SaveCheckpoint", num_outputs=0, context=True)
-def save_checkpoint(ctx, names, path="", epoch=0, final=False):
+def save_checkpoint(ctx, names, path="", epoch=0, final=False,
+                    job_nodes=()):
     """Write the blobs listed in ``names`` to ``path`` (see the module);
-    ``final`` marks the epoch training stopped after."""
+    ``final`` marks the epoch training stopped after, ``job_nodes`` are
+    every node checkpointing it (so a reader knows who else must have)."""
     ws = _workspace(ctx)
     blobs = {}
     for name in names.tolist():
@@ -75,19 +105,23 @@ def save_checkpoint(ctx, names, path="", epoch=0, final=False):
                 "blob the init group left")
         blobs[name] = value
     write_checkpoint(path, blobs, {"node": ctx.node, "epoch": int(epoch),
-                                   "final": bool(final)})
+                                   "final": bool(final),
+                                   "job_nodes": [str(n) for n in job_nodes]})
 
 
 @register_op("LoadCheckpoint", num_outputs=0, context=True)
-def load_checkpoint(ctx, path="", names=None):
+def load_checkpoint(ctx, path="", names=None, epoch=-1):
     """Put the blobs of the checkpoint at ``path`` (only ``names``, if
-    given) into this node's global workspace, after verifying all of them;
-    a full load also resets the node's list of checkpointed blobs."""
+    given) into this node's global workspace, after verifying all of them
+    and that it is this node's checkpoint of ``epoch``; a full load also
+    resets the node's list of checkpointed blobs."""
     ws = _workspace(ctx)
+    node, epoch = _expected(ctx, path, epoch)
     with ws.lock:
         # every blob verified, then read straight into the memory the
         # node's store gives it (its shared-memory segment, say)
-        manifest, _ = read_checkpoint(path, names, ws.store.reserve)
+        manifest, _ = read_checkpoint(path, names, ws.store.reserve,
+                                      node=node, epoch=epoch)
         if names is None:
             ws.set(BLOB_NAMES, np.array([e["name"] for e in
                                          manifest["blobs"]], dtype=str)
@@ -113,7 +147,14 @@ class MetadataHandler:
         return None
 
 
-_EPOCH_FILE = re.compile(r"^(?P<node>.+)\.(?P<epoch>\d+)$")
+def _job_nodes(manifest):
+    """The job's checkpointed nodes a manifest lists (none if it lists
+    none, or not as a list of names)."""
+    listed = manifest.get("job_nodes")
+    if not isinstance(listed, list) or \
+            not all(isinstance(n, str) for n in listed):
+        return []
+    return listed
 
 
 class _Manager:
@@ -178,9 +219,12 @@ class _Manager:
 
         def net(node):
             n = Net("checkpoint_init")
-            path = "" if retrieve_from_epoch is None else \
-                self.get_ckpt_db_name(node, retrieve_from_epoch)
-            n.CheckpointBlobNames([], [BLOB_NAMES], path=path)
+            if retrieve_from_epoch is None:
+                n.CheckpointBlobNames([], [BLOB_NAMES])
+            else:
+                n.CheckpointBlobNames(
+                    [], [BLOB_NAMES], epoch=int(retrieve_from_epoch),
+                    path=self.get_ckpt_db_name(node, retrieve_from_epoch))
             return n
         return self._group(net)
 
@@ -189,18 +233,22 @@ class _Manager:
         ``epoch`` (creating ``db_prefix`` if needed); ``final`` records
         that training stopped after this epoch, so a run resumed from it
         runs no more epochs."""
+        job_nodes = tuple(self._checkpointed())
+
         def net(node):
             n = Net("checkpoint_save")
             n.SaveCheckpoint([BLOB_NAMES], [],
                              path=self.get_ckpt_db_name(node, epoch),
-                             epoch=int(epoch), final=bool(final))
+                             epoch=int(epoch), final=bool(final),
+                             job_nodes=job_nodes)
             return n
         return self._group(net)
 
     def epoch_is_final(self, epoch):
         """Whether training stopped after ``epoch`` (its checkpoints say so).
         """
-        return any(read_manifest(self.get_ckpt_db_name(node, epoch))
+        return any(read_manifest(self.get_ckpt_db_name(node, epoch),
+                                 node=node, epoch=epoch)
                    .get("final", False) for node in self._nodes_for_files())
 
     def load(self, epoch):
@@ -217,7 +265,7 @@ class _Manager:
         def net(node):
             n = Net("checkpoint_load")
             n.LoadCheckpoint([], [], path=self.get_ckpt_db_name(node, epoch),
-                             names=names)
+                             names=names, epoch=int(epoch))
             return n
         return self._group(net)
 
@@ -239,23 +287,30 @@ class _Manager:
     # -- files ----------------------------------------------------------------------
 
     def _nodes_for_files(self):
-        """The checkpointed nodes; before init, the nodes that wrote a
-        checkpoint under ``db_prefix`` (files whose manifest says so --
-        ``train.log.1`` is no node)."""
+        """The nodes an epoch must be complete on: the checkpointed nodes;
+        before init, the nodes of the job as its checkpoints under
+        ``db_prefix`` tell -- each node that wrote one (a file whose
+        manifest says so: ``train.log.1`` is no node) and the ``job_nodes``
+        its latest such file lists (so a node that never wrote one counts
+        too)."""
         if self._nodes is not None:
             return self._nodes
-        nodes = set()
-        for found in self._files():
-            if found["node"] in nodes:
+        writers, nodes = set(), set()
+        # each writer's latest file: what the job was when it last saved
+        for found in sorted(self._files(),
+                            key=lambda f: (f["node"], -f["epoch"])):
+            if found["node"] in writers:
                 continue
             try:
-                manifest = read_manifest(self.get_ckpt_db_name(
-                    found["node"], found["epoch"]))
+                manifest = read_manifest(
+                    self.get_ckpt_db_name(found["node"], found["epoch"]),
+                    node=found["node"], epoch=found["epoch"])
             except CheckpointError:
                 continue
             if manifest.get("node") == found["node"]:
-                nodes.add(found["node"])
-        return sorted(nodes)
+                writers.add(found["node"])
+                nodes.update(_job_nodes(manifest))
+        return sorted(writers | nodes)
 
     def _files(self):
         try:
@@ -272,7 +327,8 @@ class _Manager:
             return False
         for node in nodes:
             try:
-                verify_checkpoint(self.get_ckpt_db_name(node, epoch))
+                verify_checkpoint(self.get_ckpt_db_name(node, epoch),
+                                  node=node, epoch=epoch)
             except CheckpointError:
                 return False
         return True
@@ -367,7 +423,7 @@ class MultiNodeCheckpointManager(_Manager):
                 net = Net("checkpoint_load_blobs")
                 net.LoadCheckpoint([], [],
                                    path=self.get_ckpt_db_name(node, epoch),
-                                   names=names)
+                                   names=names, epoch=int(epoch))
                 Task(step=net, group=group, name="checkpoint")
             session.run(group)
         return True

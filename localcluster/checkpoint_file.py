@@ -14,12 +14,33 @@ file is a `CheckpointError` naming it, never half-read.  Data is read
 straight from the file into the destination array (one copy; zipfile's
 own member reader would buffer it).
 
+Checkpoints are private to the user who trains: files are created 0600
+and the directories the writer creates 0700 (a checkpoint holds the
+model; the shared-memory segments are 0600 for the same reason).
+
+Identity.  The manifest names the node and epoch a checkpoint is of
+(``meta``), and every reader may say which it expects (``node=``,
+``epoch=``): a checkpoint of another node or epoch -- a file copied,
+renamed, linked or its manifest edited -- is a `CheckpointError` naming
+both, never loaded as the one asked for.  A manifest that names no node
+(or no epoch) -- one written without that ``meta`` -- cannot be checked
+for it and is read as before: a missing name is no evidence of a wrong
+one, and the CRCs still guard the data.
+
+Only regular files are read.  A path is opened with ``O_NONBLOCK`` -- so
+a FIFO (or a symlink to one) never blocks the open -- and its type is
+checked on the open descriptor (``fstat``), so nothing can be swapped in
+between the check and the read.  A symlink to a regular file is followed:
+links are a legitimate way to keep checkpoints elsewhere, and the
+identity check refuses one that points at another node's or epoch's file.
+
 Pure file I/O: the ops and managers of `localcluster.checkpoint` call it,
 in whichever process runs them.
 """
 
 import json
 import os
+import stat
 import struct
 import zipfile
 import zlib
@@ -30,7 +51,8 @@ from .errors import CheckpointError
 
 __all__ = ["BLOB_NAMES", "checkpointable", "write_checkpoint",
            "read_checkpoint", "verify_checkpoint", "read_manifest",
-           "remove_partials", "remove_partials_under", "PARTIAL"]
+           "make_private_dirs", "remove_partials", "remove_partials_under",
+           "PARTIAL"]
 
 #: the blob (on every checkpointed node) listing what its checkpoint holds
 BLOB_NAMES = "__checkpoint__/blob_names"
@@ -41,6 +63,9 @@ PARTIAL = ".partial-"
 _CHUNK = 1 << 20
 #: a .npy header we read (a dtype of many fields makes a long one)
 _MAX_HEADER = 1 << 24
+#: modes of what the writer creates: the user's alone
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
 
 def checkpointable(name, value):
@@ -54,13 +79,13 @@ def write_checkpoint(path, blobs, meta=None):
     docstring); returns the manifest.  Nothing is left at ``path`` or
     beside it if writing fails."""
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
+    make_private_dirs(directory)
     remove_partials(path, dead_only=True)
     # unique per writer: two writers of one path never share a temp file
     tmp = f"{path}{PARTIAL}{os.getpid()}-{os.urandom(4).hex()}"
     entries = []
     try:
-        with open(tmp, "wb") as f:
+        with _create_private(tmp) as f:
             with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED,
                                  allowZip64=True) as zf:
                 for name, value in blobs.items():
@@ -78,6 +103,37 @@ def write_checkpoint(path, blobs, meta=None):
     return manifest
 
 
+def _create_private(path):
+    """A new file at ``path``, mode 0600, for writing.  ``O_EXCL``: a name
+    that exists -- whatever it is, a symlink included -- fails instead of
+    being written through."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL |
+                 getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    try:
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def make_private_dirs(directory):
+    """Create ``directory`` and its missing parents, each 0700 (unlike
+    ``os.makedirs``, whose parents get the umask's mode); one that exists
+    is left as it is.  Safe when several writers race to create it."""
+    if os.path.isdir(directory):
+        return
+    head, tail = os.path.split(directory)
+    if not tail:  # "a/b/"
+        head, tail = os.path.split(head)
+    if head and tail and not os.path.isdir(head):
+        make_private_dirs(head)
+    try:
+        os.mkdir(directory, DIR_MODE)
+    except FileExistsError:
+        if not os.path.isdir(directory):
+            raise
+
+
 def _write_member(zf, name, value):
     # (not np.ascontiguousarray: it makes a 0-d array 1-d)
     array = value if value.flags.c_contiguous else value.copy(order="C")
@@ -92,31 +148,34 @@ def _write_member(zf, name, value):
             "crc32": info.CRC}
 
 
-def read_checkpoint(path, names=None, sink=None):
+def read_checkpoint(path, names=None, sink=None, node=None, epoch=None):
     """``(manifest, {name: array})`` of the checkpoint at ``path``, every
     member verified first; only ``names`` if given (names it lacks are
     skipped).  Raises `CheckpointError` naming the file if it is missing,
-    torn or corrupted.
+    not a regular file, torn or corrupted -- or, given ``node`` or
+    ``epoch``, the checkpoint of another node or epoch (see the module).
 
     ``sink(name, shape, dtype)``, if given, returns the array each blob is
     read into (a workspace's own memory, say): then every member is
     verified before the first byte is written there."""
     blobs = {}
-    manifest = _scan(path, names, blobs, sink)
+    manifest = _scan(path, names, blobs, sink, node, epoch)
     return manifest, blobs
 
 
-def verify_checkpoint(path):
+def verify_checkpoint(path, node=None, epoch=None):
     """The manifest of the checkpoint at ``path`` after reading every byte
-    of it and checking every checksum; `CheckpointError` if it fails."""
-    return _scan(path, None, None, None)
+    of it and checking every checksum (and, if given, that it is of
+    ``node`` and ``epoch``); `CheckpointError` if it fails."""
+    return _scan(path, None, None, None, node, epoch)
 
 
-def read_manifest(path):
-    """The manifest alone (structure checked, data not read)."""
+def read_manifest(path, node=None, epoch=None):
+    """The manifest alone (structure checked -- and, if given, ``node``
+    and ``epoch`` -- data not read)."""
     try:
-        with zipfile.ZipFile(path) as zf:
-            return _manifest(zf, path)
+        with _open_regular(path) as raw, zipfile.ZipFile(raw) as zf:
+            return _check_identity(_manifest(zf, path), path, node, epoch)
     except CheckpointError:
         raise
     except FileNotFoundError as exc:
@@ -125,12 +184,72 @@ def read_manifest(path):
         raise _corrupt(path, exc) from exc
 
 
-def _scan(path, names, out, sink):
+def _open_regular(path):
+    """``path`` opened for unbuffered binary reading, if it is a regular
+    file (a symlink to one is followed); `CheckpointError` otherwise.
+
+    ``O_NONBLOCK``: opening a FIFO for reading would wait for a writer,
+    forever.  The type is checked on the open descriptor, so what is read
+    is what was checked.  Reads of a regular file never block, so the flag
+    is simply cleared again."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK |
+                     getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:  # a socket cannot be opened at all (ENXIO)
+        if isinstance(exc, (FileNotFoundError, PermissionError)):
+            raise
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_identity(manifest, path, node, epoch):
+    """``manifest`` if it is of ``node`` and ``epoch`` (each checked if
+    given and if the manifest names it); `CheckpointError` naming both
+    otherwise."""
+    wrong_node = node is not None and "node" in manifest and \
+        manifest["node"] != node
+    wrong_epoch = epoch is not None and "epoch" in manifest and (
+        type(manifest["epoch"]) is not int or
+        manifest["epoch"] != int(epoch))
+    if wrong_node or wrong_epoch:
+        found = _identity(manifest.get("node"), manifest.get("epoch"))
+        raise CheckpointError(
+            f"checkpoint {path} is of {found} (its manifest says so), not "
+            f"of {_identity(node, epoch)} that was to be loaded; it was not "
+            "loaded -- a file copied, renamed or linked from another node or"
+            " epoch, or an edited manifest: put that node's own checkpoint "
+            "of that epoch there, or resume from another epoch "
+            "(get_resume_from_epoch_id() skips such files)")
+    return manifest
+
+
+def _identity(node, epoch):
+    return " ".join(part for part in (
+        None if node is None else f"node {node!r}",
+        None if epoch is None else f"epoch {epoch!r}" if
+        isinstance(epoch, str) else f"epoch {epoch}") if part) or \
+        "no node or epoch"
+
+
+def _scan(path, names, out, sink, node=None, epoch=None):
     wanted = None if names is None else set(map(str, names))
     try:
-        with zipfile.ZipFile(path) as zf, open(path, "rb",
-                                               buffering=0) as raw:
-            manifest = _manifest(zf, path)
+        # one descriptor for zipfile and our own reads: zipfile seeks
+        # before each of its reads, and ours seek first too
+        with _open_regular(path) as raw, zipfile.ZipFile(raw) as zf:
+            manifest = _check_identity(_manifest(zf, path), path, node,
+                                       epoch)
             entries = [e for e in manifest["blobs"]
                        if wanted is None or e["name"] in wanted]
             places = [_locate(zf, raw, e, path) for e in entries]
@@ -155,6 +274,17 @@ def _missing(path):
     return CheckpointError(
         f"checkpoint {path} does not exist: check the db_prefix and the "
         "epoch (get_resume_from_epoch_id() gives the latest complete one)")
+
+
+def _not_regular(path, mode):
+    kind = ("a FIFO" if stat.S_ISFIFO(mode) else
+            "a directory" if stat.S_ISDIR(mode) else
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "of an unknown kind")
+    return CheckpointError(
+        f"checkpoint {path} is {kind}, not a regular file; only regular "
+        "files are read as checkpoints (nothing was read from it) -- "
+        "remove it, or put the node's checkpoint file there")
 
 
 def _corrupt(path, exc):
