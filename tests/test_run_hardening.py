@@ -132,3 +132,58 @@ def test_a_signal_during_a_fork_reaches_the_schedulers_caller():
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "stopped []", done.stdout + done.stderr
     assert "Exception ignored" not in done.stderr, done.stderr
+
+
+# -- 12: partial checkpoints of killed runs -----------------------------------------
+
+def dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def plant_partial(directory, pid, age=0.0, base="ps.3"):
+    path = os.path.join(directory, f"{base}.partial-{pid}-0badf00d")
+    with open(path, "wb") as f:
+        f.write(b"PK half a checkpoint")
+    if age:
+        os.utime(path, (time.time() - age, time.time() - age))
+    return path
+
+
+def test_a_zombie_writer_is_not_alive(tmp_path):
+    from localcluster.checkpoint_file import remove_partials
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # exited, not reaped: a zombie
+            with open(f"/proc/{zombie.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+        path = plant_partial(str(tmp_path), zombie.pid)
+        removed = remove_partials(str(tmp_path / "ps.3"), dead_only=True)
+        assert removed == [os.path.basename(path)]
+    finally:
+        zombie.wait()
+
+
+def test_a_reused_pid_is_not_the_writer(tmp_path):
+    from localcluster.checkpoint_file import remove_partials
+    # a live process that started an hour after the file was last written
+    other = subprocess.Popen([sys.executable, "-c",
+                              "import time; time.sleep(30)"])
+    try:
+        path = plant_partial(str(tmp_path), other.pid, age=3600)
+        removed = remove_partials(str(tmp_path / "ps.3"), dead_only=True)
+        assert removed == [os.path.basename(path)]
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_live_writer_keeps_its_partial_file(tmp_path):
+    from localcluster.checkpoint_file import remove_partials
+    path = plant_partial(str(tmp_path), os.getpid())
+    assert remove_partials(str(tmp_path / "ps.3"), dead_only=True) == []
+    assert os.path.exists(path)
