@@ -254,7 +254,8 @@ def test_a_failing_job_exits_1_with_one_line_naming_the_node(tmp_path):
               if line.startswith("error:")]
     assert len(errors) == 1, done.stderr
     assert "'worker'" in errors[0] and "the user's op broke" in errors[0]
-    assert "resume with:" in errors[0]
+    # an op that raises fails a resumed run the same way: no resume hint
+    assert "resume with:" not in done.stderr
 
 
 @pytest.mark.parametrize("value, message", [
@@ -364,7 +365,8 @@ def test_resume_takes_the_options_the_checkpoints_were_made_with(tmp_path):
     ckpt = str(tmp_path / "c")
     first, _ = json_run("--nodes", "1", "--epochs", "3", "--seed", "5",
                         "--threads", "1", "--checkpoint-dir", ckpt)
-    for option, value in (("--nodes", "2"), ("--epochs", "4"),
+    # (more --epochs train further: tests/test_run_hardening.py)
+    for option, value in (("--nodes", "2"), ("--epochs", "2"),
                           ("--seed", "6")):
         done = run("--checkpoint-dir", ckpt, "--resume", "1", option, value)
         assert done.returncode == 2
