@@ -315,6 +315,64 @@ def test_a_live_writer_keeps_its_partial_file(tmp_path):
     assert os.path.exists(path)
 
 
+BIG_JOB = textwrap.dedent('''
+    import numpy as np
+    from localcluster import Job, Node, Task, epoch_limiter, ops
+
+    def build(epochs=3):
+        with Job() as job, Node("worker"):
+            with job.init_group, Task():
+                # 64 MiB: a checkpoint takes a moment to write
+                ops.ConstantFill([], ["big"], shape=[8 << 20], value=1.0)
+                ops.Const(np.array(0.0), name="x")
+            with Task():
+                ops.Add(["x", ops.Const(np.array(1.0))], ["x"])
+            epoch_limiter(job, epochs)
+        return job
+''')
+
+
+@pytest.mark.timeout(120)
+def test_partials_of_a_sigkilled_master_go_on_cleanup(tmp_path):
+    job = write_job(tmp_path, BIG_JOB, "big_job.py")
+    ckpt = tmp_path / "c"
+    master = subprocess.Popen(
+        command("--job", f"{job}:build", "--checkpoint-dir", str(ckpt)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and master.poll() is None:
+            if ckpt.is_dir() and any(".partial-" in n
+                                     for n in os.listdir(ckpt)):
+                master.kill()  # while a node writes its checkpoint
+                break
+            time.sleep(0.001)
+    finally:
+        master.kill()
+        master.wait(10)
+    partials = [n for n in os.listdir(ckpt) if ".partial-" in n]
+    if not partials:
+        pytest.skip("the checkpoint was written before the master died")
+    deadline = time.monotonic() + 10  # the writer dies with its master
+    while time.monotonic() < deadline and any(
+            _alive(int(n.split(".partial-")[1].split("-")[0]))
+            for n in partials):
+        time.sleep(0.01)
+    done = run("--cleanup", "--checkpoint-dir", str(ckpt))
+    assert done.returncode == 0, done.stderr
+    assert [n for n in os.listdir(ckpt) if ".partial-" in n] == []
+    assert all(n in done.stdout for n in partials)
+
+
+def _alive(pid):
+    """Running, not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_the_next_run_removes_partials_a_killed_run_left(tmp_path):
     ckpt = str(tmp_path / "c")
     json_run("--nodes", "1", "--epochs", "2", "--checkpoint-dir", ckpt)
