@@ -113,11 +113,13 @@ def parser():
     p.add_argument("--job", metavar="MODULE:FUNC",
                    help="your job: MODULE:FUNC or path/to/file.py:FUNC, a "
                         "function returning a Job (or (job, options))")
-    p.add_argument("--nodes", type=_whole(1, MAX_NODES),
-                   help="trainer nodes (default 2 for the embedded job, "
-                        "which adds a reader and a ps node)")
-    p.add_argument("--epochs", type=_whole(1, MAX_EPOCHS),
-                   help="epochs to train (default 5 for the embedded job)")
+    p.add_argument("--nodes", type=_whole(1, MAX_NODES), metavar="N",
+                   help=f"trainer nodes, 1 to {MAX_NODES} (default 2 for "
+                        "the embedded job, which adds a reader and a ps "
+                        "node)")
+    p.add_argument("--epochs", type=_whole(1, MAX_EPOCHS), metavar="N",
+                   help=f"epochs to train, 1 to {MAX_EPOCHS} (default 5 "
+                        "for the embedded job)")
     p.add_argument("--seed", type=_whole(0, 2 ** 63 - 1),
                    help="seed of the job's data (default 0)")
     p.add_argument("--threads", type=_whole(1, MAX_THREADS),
