@@ -1,28 +1,31 @@
 """What ``python -m localcluster.run`` trains, and with which options.
 
 `load_builder` finds the job function ``--job`` names (a module or a
-file), `build_job` calls it with the options it takes and checks what it
-returns; a checkpoint directory keeps the options its checkpoints were made
-with (``localcluster-run.json``: `save_options`), which ``--resume``
-restores and checks (`restore_options`); `check_paths` fails before
-training on a path that cannot be written.  Problems are `UsageError`
-(exit 2) or `JobBuildError` (exit 1), each one line.
+file); `build_job` calls it with the options it takes, checks what it
+returns and says which value of each job option the job was built with
+(given on the command line, else the function's default) -- what a
+checkpoint directory records and ``--resume`` compares.  `limiter_counters`
+finds the job's `epoch_limiter` counters, so that a resumed run can train
+to another number of epochs.
+
+Problems are one line: `UsageError` (a bad command line, exit 2) or
+`RunFailure` (exit 1; `JobBuildError`: the job function failed).
 """
 
 import importlib
 import importlib.util
 import inspect
-import json
 import logging
 import os
 import sys
 
 from .job import Job
+from .plan.net import Net
+from .plan.step import ExecutionStep
 
-__all__ = ["DEFAULT_JOB", "JOB_OPTIONS", "RUN_FILE", "UsageError",
+__all__ = ["DEFAULT_JOB", "JOB_OPTIONS", "UsageError", "RunFailure",
            "JobBuildError", "load_builder", "build_job", "job_nodes",
-           "first_line", "saved_options", "save_options", "restore_options",
-           "check_paths"]
+           "first_line", "limiter_counters"]
 
 DEFAULT_JOB = "localcluster.examples.regression:build"
 JOB_OPTIONS = ("nodes", "epochs", "seed", "threads")
@@ -32,10 +35,14 @@ log = logging.getLogger("localcluster.run")
 
 
 class UsageError(Exception):
-    """A bad command line: exit 2 with argparse's message."""
+    """A bad command line: exit 2 with one line."""
 
 
-class JobBuildError(Exception):
+class RunFailure(Exception):
+    """The run cannot go on: exit 1 with one line."""
+
+
+class JobBuildError(RunFailure):
     """The job function failed: exit 1 with one line."""
 
 
@@ -77,19 +84,24 @@ def load_builder(spec):
 
 
 def build_job(builder, args, embedded):
-    """``(job, options)`` from the job function and the command line."""
+    """``(job, options, values)`` from the job function and the command
+    line: ``values`` maps each of `JOB_OPTIONS` to what the job was built
+    with -- the value given, else the function's default, else None (the
+    function does not take it)."""
     given = {k: getattr(args, k) for k in JOB_OPTIONS
              if getattr(args, k) is not None}
     try:
         params = inspect.signature(builder).parameters
-        takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
     except (TypeError, ValueError):
-        params, takes_all = {}, False
+        params = {}
+    takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
     unused = [k for k in given if k not in params and not takes_all]
     if unused and not embedded:
         log.warning("the job function takes no %s; ignored",
                     ", ".join(f"--{k}" for k in unused))
     kwargs = {k: v for k, v in given.items() if k in params or takes_all}
+    values = {k: kwargs.get(k, _default(params.get(k)))
+              for k in JOB_OPTIONS}
     name = getattr(builder, "__qualname__", repr(builder))
     try:
         result = builder(**kwargs)
@@ -102,12 +114,22 @@ def build_job(builder, args, embedded):
                     else (result, {}))
     if not isinstance(job, Job):
         raise UsageError(
-            f"--job: {getattr(builder, '__qualname__', builder)} returned "
-            f"{type(job).__name__}, not a Job (or (job, options))")
+            f"--job: {name} returned {type(job).__name__}, not a Job (or "
+            "(job, options))")
     if not isinstance(options, dict):
         raise UsageError("--job: the options a job function returns must be "
                          f"a dict, got {type(options).__name__}")
-    return job, options
+    return job, options, values
+
+
+def _default(param):
+    """A parameter's default if it is a plain value (what a checkpoint
+    directory can record), else None."""
+    if param is None or param.default is param.empty:
+        return None
+    value = param.default
+    return value if isinstance(value, (int, float, str)) and \
+        not isinstance(value, bool) else None
 
 
 def job_nodes(job):
@@ -124,74 +146,40 @@ def first_line(exc):
     return text[0] if text else type(exc).__name__
 
 
-# -- the options a checkpoint directory was made with --------------------------------
+# -- the epoch limiter ------------------------------------------------------------
 
-RUN_FILE = "localcluster-run.json"
-
-
-def saved_options(directory):
-    try:
-        with open(os.path.join(directory, RUN_FILE)) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def save_options(directory, args):
-    saved = {"job": args.job or DEFAULT_JOB,
-             **{k: getattr(args, k) for k in JOB_OPTIONS}}
-    tmp = os.path.join(directory, RUN_FILE + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(saved, f, indent=1)
-    os.replace(tmp, os.path.join(directory, RUN_FILE))
-
-
-def restore_options(args, saved, directory):
-    """Fill the job options the resumed run was not given from ``saved``;
-    a different value is a usage error (the checkpoints hold that job)."""
-    given_job = args.job or DEFAULT_JOB
-    if args.job is not None and saved.get("job") not in (None, given_job):
-        raise UsageError(
-            f"--job {args.job} is not the job the checkpoints under "
-            f"{directory} were made by ({saved['job']}); drop --job to "
-            "resume it, or start over in a new --checkpoint-dir")
-    if args.job is None and saved.get("job") != DEFAULT_JOB:
-        args.job = saved.get("job")
-    for key in JOB_OPTIONS:
-        given, then = getattr(args, key), saved.get(key)
-        if given is None:
-            setattr(args, key, then)
-        elif then is not None and given != then:
-            raise UsageError(
-                f"--{key} {given} differs from the --{key} {then} the "
-                f"checkpoints under {directory} were made with; drop it to "
-                "resume, or start over in a new --checkpoint-dir")
+def limiter_counters(job):
+    """``({node: [(counter blob, init_count)]}, only)``: the counters of
+    the job's `epoch_limiter` stop conditions -- a counter made by the init
+    group (``CreateCounter``, ``init_count`` = epochs - 1) and counted down
+    by a stop condition of the epoch group (``CountDown``) -- and whether
+    every stop condition is one of them (then a run stops only when its
+    epochs are done)."""
+    stops = {str(name) for output in job.stop_conditions
+             for name in output.names}
+    counted, limiting = set(), set()
+    for task in job.epoch_group.tasks():
+        for op in _ops(task.planned_step()):
+            hit = stops.intersection(map(str, op.outputs))
+            if op.type == "CountDown" and hit and op.inputs:
+                counted.add(str(op.inputs[0]))
+                limiting |= hit
+    found = {}
+    for task in job.init_group.tasks():
+        for op in _ops(task.planned_step()):
+            if op.type == "CreateCounter" and op.outputs and \
+                    str(op.outputs[0]) in counted:
+                found.setdefault(task.node, []).append(
+                    (str(op.outputs[0]), int(op.args.get("init_count", 0))))
+    return found, bool(found) and limiting == stops
 
 
-# -- checks before anything runs -------------------------------------------------------
-
-def check_paths(args):
-    """Fail now, not after training, on a checkpoint directory or a trace
-    file that cannot be written."""
-    directory = args.checkpoint_dir
-    if directory is not None:
-        if os.path.exists(directory) and not os.path.isdir(directory):
-            raise UsageError(f"--checkpoint-dir {directory} is not a "
-                             "directory")
-        if args.resume is not None and not os.path.isdir(directory):
-            raise UsageError(f"--checkpoint-dir {directory} does not exist: "
-                             "nothing to resume")
-        try:
-            os.makedirs(directory, exist_ok=True)
-        except OSError as exc:
-            raise UsageError(f"--checkpoint-dir {directory} cannot be "
-                             f"made: {exc.strerror}") from exc
-        if not os.access(directory, os.W_OK | os.X_OK):
-            raise UsageError(f"--checkpoint-dir {directory} is not "
-                             "writable")
-    if args.trace is not None:
-        parent = os.path.dirname(os.path.abspath(args.trace))
-        if os.path.isdir(args.trace) or not os.path.isdir(parent) or \
-                not os.access(parent, os.W_OK):
-            raise UsageError(f"--trace {args.trace} cannot be written (is "
-                             "its directory there and writable?)")
+def _ops(step):
+    """Every op of a step (or net), depth first."""
+    if isinstance(step, Net):
+        yield from step.ops
+    elif isinstance(step, ExecutionStep):
+        for net in step.nets:
+            yield from net.ops
+        for sub in step.substeps:
+            yield from _ops(sub)

@@ -14,73 +14,115 @@ are passed, except to the embedded job) and returns a `Job`, or
 - ``max_restarts``, ``on_checkpoint_error``: `JobRunner` options (the
   command line's win).
 
-Exit status: 0 on success, 1 when the job fails (one line naming the node,
-and how to resume), 2 on usage errors, 130 when interrupted (the last
-complete checkpoint stays; the line printed says how to resume).
+A run owns its checkpoint directory while it lives (`_rundir`: a lock,
+another run's checkpoints refused, the options compared on ``--resume``);
+``--resume`` starts from an epoch every node has (`_runresume`); a failure
+is one line and where it happened (`_runfail`); Ctrl-C, SIGTERM and SIGHUP
+stop the run cleanly and are never lost (`_runsignals`).
+
+Exit status: 0 on success; 1 when the job fails (one line naming the
+node, and how to resume when another try may succeed); 2 on usage errors
+(one line); 128 + the signal when stopped by one -- 130 for Ctrl-C, 143
+for SIGTERM, 129 for SIGHUP (the last complete checkpoint stays; the line
+printed says how to resume).
 """
 
+if __name__ == "__main__":
+    # First of all: from here on a stop signal is noted, never lost nor a
+    # traceback (the command line raises it once it can stop cleanly).
+    from ._runsignals import STOP as _EARLY
+    _EARLY.install()
+
 import argparse
+import glob
 import json
 import logging
 import os
-import shlex
-import signal
 import sys
 import tempfile
-import time
 
-from . import (JobRunner, LocalClusterError, LocalHostScheduler,
-               LocalSession, MultiNodeCheckpointManager, TaskOutput, printer)
-from ._runjob import (DEFAULT_JOB, RUN_FILE, JobBuildError,
-                      UsageError, build_job, check_paths, first_line,
-                      job_nodes, load_builder, restore_options, save_options,
-                      saved_options)
-from ._runreport import Progress, Usage, chrome_trace, mib, scalar
+from . import LocalClusterError, printer
+from ._rundir import (TEMP_PREFIX, DirLock, check_fresh, discard_if_unused,
+                      make_dir, restore_options, save_options, saved_options,
+                      sweep_leftovers)
+from ._runjob import (DEFAULT_JOB, RunFailure, UsageError, build_job,
+                      first_line, job_nodes, load_builder)
+from ._runresume import checkpoint_manager, resume_epoch
+from ._runsignals import StopSignals, exit_status
+from ._runtrain import Run
+from ._runtrace import TraceFile
 from .checkpoint_file import remove_partials_under
 from .runtime import shm
 
 log = logging.getLogger("localcluster.run")
 
+#: what one machine runs: beyond these a run only exhausts memory or time
+MAX_NODES, MAX_EPOCHS, MAX_THREADS = 4096, 10 ** 6, 1024
+MAX_RESTARTS, MAX_SECONDS = 10 ** 4, 10 ** 7
+
 
 # -- the command line ----------------------------------------------------------------
 
-def _at_least(low):
-    """An argparse type: a whole number >= ``low``."""
+def _whole(low, high):
+    """An argparse type: a whole number from ``low`` to ``high``."""
     def convert(text):
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"{text!r} is not a whole number")
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+                f"{text[:40]!r} is not a whole number; give one from {low} "
+                f"to {high}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{value} is out of range; give a whole number from {low} "
+                f"to {high}")
         return value
-    convert.__name__ = f"whole number >= {low}"
+    convert.__name__ = f"whole number {low}..{high}"
     return convert
 
 
-_positive, _non_negative = _at_least(1), _at_least(0)
+def _seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_SECONDS:  # also NaN
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a number of seconds above 0 and at most "
+            f"{MAX_SECONDS}")
+    return value
 
 
 def _resume(text):
-    return "latest" if text == "latest" else _non_negative(text)
+    return "latest" if text == "latest" else _whole(0, 10 ** 9)(text)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line (the usage text is what --help is for)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the "
+                     "options)\n")
 
 
 def parser():
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m localcluster.run",
         description="Train a job on this machine, one process per node "
                     "(default: the embedded parameter-server regression).")
     p.add_argument("--job", metavar="MODULE:FUNC",
                    help="your job: MODULE:FUNC or path/to/file.py:FUNC, a "
                         "function returning a Job (or (job, options))")
-    p.add_argument("--nodes", type=_positive,
-                   help="trainer nodes (default 2 for the embedded job)")
-    p.add_argument("--epochs", type=_positive,
-                   help="epochs to train (default 5 for the embedded job)")
-    p.add_argument("--seed", type=_non_negative,
+    p.add_argument("--nodes", type=_whole(1, MAX_NODES), metavar="N",
+                   help=f"trainer nodes, 1 to {MAX_NODES} (default 2 for "
+                        "the embedded job, which adds a reader and a ps "
+                        "node)")
+    p.add_argument("--epochs", type=_whole(1, MAX_EPOCHS), metavar="N",
+                   help=f"epochs to train, 1 to {MAX_EPOCHS} (default 5 "
+                        "for the embedded job)")
+    p.add_argument("--seed", type=_whole(0, 2 ** 63 - 1),
                    help="seed of the job's data (default 0)")
-    p.add_argument("--threads", type=_positive,
+    p.add_argument("--threads", type=_whole(1, MAX_THREADS),
                    help="hogwild threads per trainer (default 2; 1 makes a "
                         "run bit-for-bit repeatable)")
     p.add_argument("--session", choices=("localhost", "local"),
@@ -88,332 +130,237 @@ def parser():
                    help="one process per node (default) or all in-process")
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="where every node checkpoints every epoch (default: "
-                        "a fresh temporary directory, printed)")
+                        "a fresh temporary directory, printed); one run at "
+                        "a time")
     p.add_argument("--resume", nargs="?", const="latest", type=_resume,
                    metavar="EPOCH",
-                   help="resume from EPOCH's checkpoint (no number: the "
-                        "latest complete one); needs --checkpoint-dir")
-    p.add_argument("--max-restarts", type=_non_negative, default=None,
-                   metavar="K",
-                   help="restart a dead node and resume from the last "
-                        "checkpoint up to K times (default 0)")
+                   help="resume from EPOCH's checkpoint (no number, or "
+                        "'latest': the latest epoch complete on every node);"
+                        " needs --checkpoint-dir")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in a --checkpoint-dir that holds "
+                        "another run's checkpoints, deleting them")
+    p.add_argument("--max-restarts", type=_whole(0, MAX_RESTARTS),
+                   default=None, metavar="K",
+                   help="restart a dead (or timed-out) node and resume from "
+                        "the last checkpoint up to K times (default 0)")
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                   help="bound every run of the job (an epoch, a "
+                        "checkpoint): nodes still running are stopped, and "
+                        "the run fails (or restarts, with --max-restarts)")
     p.add_argument("--print-plan", action="store_true",
-                   help="print the job's plan and exit")
+                   help="print the job's plan and exit (with --json: as "
+                        "JSON)")
     p.add_argument("--trace", metavar="FILE",
-                   help="write a Chrome trace (chrome://tracing, Perfetto): "
-                        "one track per node, spans for epochs, tasks, steps")
+                   help="write a Chrome trace (chrome://tracing, Perfetto) "
+                        "to the regular file FILE, also for a run that "
+                        "fails or is interrupted")
     p.add_argument("--json", action="store_true",
                    help="print one JSON summary on stdout (the progress "
                         "lines go to stderr)")
-    p.add_argument("--log-level", default="WARNING",
+    p.add_argument("--log-level", default="WARNING", type=str.upper,
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                   help="logging level (default WARNING)")
+                   help="logging level (default WARNING; any case)")
     p.add_argument("--cleanup", action="store_true",
-                   help="remove shared-memory segments left by killed runs, "
-                        "report them, and exit")
+                   help="remove what killed runs left -- shared-memory "
+                        "segments, and partial checkpoints in "
+                        "--checkpoint-dir DIR (default: in the temporary "
+                        "directories of runs without one) -- report it, "
+                        "and exit")
     return p
 
 
-# -- running ---------------------------------------------------------------------------
+# -- entry points ----------------------------------------------------------------------
 
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGHUP: stopped like Ctrl-C (every node stopped, the
-    last checkpoint kept), then exit 128 + the signal number."""
-
-    def __init__(self, signum):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _stop_on(signum, frame):
-    raise Interrupted(signum)
-
-
-class _QuietSignals:
-    """While cleaning up after an interrupt, a second Ctrl-C (or SIGTERM)
-    must not cut the cleanup short: ignore them, then restore."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __enter__(self):
-        self._old = [signal.signal(s, signal.SIG_IGN) for s in self.SIGNALS]
-
-    def __exit__(self, *exc):
-        for s, old in zip(self.SIGNALS, self._old):
-            signal.signal(s, old)
+def main(argv=None, signals=None):
+    """The command line; its exit status.  ``signals``: the process's
+    `StopSignals` if installed already (else installed here, and the old
+    handlers restored on return)."""
+    own = signals is None
+    signals = signals or StopSignals()
+    signals.install()
+    try:
+        return _main(argv, signals)
+    finally:
+        if own:
+            signals.restore()
 
 
-def _exit_status(exc):
-    return 128 + exc.signum if isinstance(exc, Interrupted) else 130
+def _main(argv, signals):
+    if sys.stdout is None or sys.stderr is None:
+        return _closed_stream()
+    p = parser()
+    try:
+        signals.arm()
+        args = p.parse_args(argv)
+        logging.basicConfig(level=getattr(logging, args.log_level),
+                            format="%(levelname)s %(name)s: %(message)s")
+        try:
+            return _command(args, signals)
+        except UsageError as exc:
+            p.error(str(exc))
+        except (RunFailure, LocalClusterError, OSError) as exc:
+            log.debug("the run cannot go on", exc_info=True)
+            message = str(exc) if isinstance(exc, RunFailure) else \
+                first_line(exc)
+            sys.stderr.write(f"error: {message}\n")
+            if args.json:
+                _json({"job": args.job or DEFAULT_JOB, "status": "error",
+                       "error": message})
+            return 1
+    except KeyboardInterrupt as exc:  # before or after training
+        signals.stopping()
+        sys.stderr.write("interrupted\n")
+        return exit_status(exc)
 
 
-def _resume_hint(args, checkpoint_dir):
-    """The command that resumes: the job's options come back from the
-    checkpoint directory's run file, so only the run's own are repeated."""
-    parts = []
-    if args.session != "localhost":
-        parts += ["--session", args.session]
-    if args.max_restarts:
-        parts += ["--max-restarts", str(args.max_restarts)]
-    parts += ["--checkpoint-dir", checkpoint_dir, "--resume"]
-    return "python -m localcluster.run " + " ".join(shlex.quote(p)
-                                                   for p in parts)
+def _closed_stream():
+    which = "output" if sys.stdout is None else "error"
+    other = sys.stderr if sys.stdout is None else sys.stdout
+    if other is not None:
+        other.write(f"error: standard {which} is closed: this command "
+                    "writes its progress and errors there; redirect it "
+                    "(> FILE, or > /dev/null) instead of closing it\n")
+    return 2
 
 
-def cleanup(out, as_json):
-    removed = shm.sweep_stale()
-    if as_json:
-        json.dump({"removed": [f"/dev/shm/{n}" for n in removed]},
-                  sys.stdout)
-        sys.stdout.write("\n")
-    elif removed:
-        out.write(f"removed {len(removed)} stale shared-memory segment(s) "
-                  "of runs that are gone:\n")
-        for name in removed:
-            out.write(f"  /dev/shm/{name}\n")
+def _command(args, signals):
+    out = sys.stderr if args.json else sys.stdout
+    if args.cleanup:
+        return cleanup(args, out)
+    if args.resume is not None and args.checkpoint_dir is None:
+        raise UsageError("--resume needs --checkpoint-dir (where the "
+                         "checkpoints are)")
+    if args.resume is not None and args.overwrite:
+        raise UsageError("--overwrite starts over and --resume goes on: "
+                         "give one of them")
+    if args.print_plan:
+        return _print_plan(args)
+    trace = TraceFile(args.trace) if args.trace else None
+    given = args.checkpoint_dir
+    if given is not None:
+        make_dir(given, args.resume)
+    directory = given or tempfile.mkdtemp(prefix=TEMP_PREFIX)
+    lock = DirLock(directory).acquire()
+    try:
+        sweep_leftovers(directory)
+        if args.resume is not None:
+            saved = saved_options(directory)
+            if saved is not None:
+                restore_options(args, saved, directory)
+        else:
+            check_fresh(directory, args.overwrite)
+        job, options, values = _build(args)
+        manager = checkpoint_manager(directory, job)
+        resume = None if args.resume is None else resume_epoch(
+            manager, args.resume, job)
+        save_options(directory, args.job or DEFAULT_JOB, values)
+        code, summary = Run(args, job, options, out, manager, resume,
+                            trace, signals).train()
+    finally:
+        lock.release()
+        if given is None:
+            discard_if_unused(directory)
+    if args.json:
+        _json(summary)
+    return code
+
+
+def _build(args):
+    builder = load_builder(args.job or DEFAULT_JOB)
+    return build_job(builder, args, args.job is None)
+
+
+def _print_plan(args):
+    """Print the plan; nothing is made (a --resume's options are read)."""
+    if args.resume is not None and os.path.isdir(args.checkpoint_dir):
+        saved = saved_options(args.checkpoint_dir)
+        if saved is not None:
+            restore_options(args, saved, args.checkpoint_dir)
+    job, _, values = _build(args)
+    text = printer.to_string(job)
+    if args.json:
+        _json({"job": args.job or DEFAULT_JOB, "options": values,
+               "nodes": job_nodes(job),
+               "groups": {label: group.used_nodes()
+                          for label, group in job.printable_groups()
+                          if group.num_registered_tasks()},
+               "plan": text.splitlines()})
     else:
-        out.write("no stale shared-memory segments\n")
+        print(text)
     return 0
 
 
-def main(argv=None):
-    p = parser()
-    args = p.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level),
-                        format="%(levelname)s %(name)s: %(message)s")
-    out = sys.stderr if args.json else sys.stdout
-    if args.cleanup:
-        return cleanup(out, args.json)
-    if args.resume is not None and args.checkpoint_dir is None:
-        p.error("--resume needs --checkpoint-dir (where the checkpoints are)")
-    old = {s: signal.signal(s, _stop_on)
-           for s in (signal.SIGTERM, signal.SIGHUP)}
+def _json(value):
+    json.dump(value, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def cleanup(args, out):
+    """``--cleanup``: stale segments, and partial checkpoints of writers
+    that are gone in ``--checkpoint-dir`` (default: in the temporary
+    directories of this user's runs that had none)."""
+    if args.checkpoint_dir is not None:
+        if not os.path.isdir(args.checkpoint_dir):
+            raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is not "
+                             "a directory: nothing there to clean up")
+        directories = [args.checkpoint_dir]
+    else:
+        directories = [d for d in sorted(glob.glob(os.path.join(
+            tempfile.gettempdir(), TEMP_PREFIX + "*")))
+            if os.path.isdir(d) and os.stat(d).st_uid == os.geteuid()]
+    removed = shm.sweep_stale()
+    partials = [os.path.join(d, name) for d in directories
+                for name in remove_partials_under(d, dead_only=True)]
+    if args.json:
+        _json({"removed": [f"/dev/shm/{n}" for n in removed],
+               "partial_checkpoints": partials})
+        return 0
+    if removed:
+        out.write(f"removed {len(removed)} stale shared-memory segment(s) "
+                  "of runs that are gone:\n")
+        out.writelines(f"  /dev/shm/{name}\n" for name in removed)
+    else:
+        out.write("no stale shared-memory segments\n")
+    if partials:
+        out.write(f"removed {len(partials)} partial checkpoint file(s) of "
+                  "writers that are gone:\n")
+        out.writelines(f"  {path}\n" for path in partials)
+    else:
+        out.write(f"no partial checkpoint files of writers that are gone in "
+                  f"{len(directories)} checkpoint director"
+                  f"{'y' if len(directories) == 1 else 'ies'}\n")
+    return 0
+
+
+def _run_as_command():
+    """``python -m localcluster.run``: `main`, and every way out of it an
+    exit status with at most one line -- never a traceback."""
+    signals = _EARLY
     try:
-        try:
-            check_paths(args)
-            if args.resume is not None:
-                saved = saved_options(args.checkpoint_dir)
-                if saved is not None:
-                    restore_options(args, saved, args.checkpoint_dir)
-            builder = load_builder(args.job or DEFAULT_JOB)
-            job, options = build_job(builder, args, args.job is None)
-        except UsageError as exc:
-            p.error(str(exc))
-        except JobBuildError as exc:
-            log.debug("the job function failed", exc_info=True)
-            sys.stderr.write(f"error: {exc}\n")
-            return 1
-        if args.print_plan:
-            print(printer.to_string(job))
-            return 0
-        stdout = sys.stdout
-        if args.json:  # stdout is for the summary alone: node output too
-            sys.stdout = sys.stderr
-        try:
-            code, summary = train(args, job, options, out)
-        finally:
-            sys.stdout = stdout
-        if args.json:
-            json.dump(summary, sys.stdout, indent=1)
-            sys.stdout.write("\n")
-        return code
-    except KeyboardInterrupt as exc:  # before or after training
-        sys.stderr.write("interrupted\n")
-        return _exit_status(exc)
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-
-
-def train(args, job, options, out):
-    """Train ``job``; ``(exit status, JSON summary)``."""
-    metrics = options.get("metrics") or {}
-    nodes = job_nodes(job)
-    checkpoint_dir = args.checkpoint_dir or tempfile.mkdtemp(
-        prefix="localcluster-ckpt-")
-    summary = {"job": args.job or DEFAULT_JOB, "session": args.session,
-               "nodes": nodes, "checkpoint_dir": checkpoint_dir,
-               "resumed_from": None, "epochs": [], "status": "ok"}
-    bad = [k for k, v in metrics.items() if not isinstance(v, TaskOutput)]
-    if bad:
-        return _failed(summary, 1, f"the job's metrics {bad} are not "
-                       "TaskOutputs (task.add_output(blob) makes one)")
-    manager = MultiNodeCheckpointManager(checkpoint_dir)
-    resume = args.resume
-    if resume == "latest":
-        resume = manager.get_resume_from_epoch_id()
-        if resume is None:
-            return _failed(summary, 1, f"no complete checkpoint under "
-                           f"{checkpoint_dir} to resume from; run without "
-                           "--resume to start over")
-    summary["resumed_from"] = resume
-    if resume is None:
-        save_options(checkpoint_dir, args)
-    max_restarts = args.max_restarts if args.max_restarts is not None \
-        else options.get("max_restarts", 0)
-    session_class = LocalHostScheduler if args.session == "localhost" \
-        else LocalSession
-    progress = Progress(out, live=out.isatty())
-    progress.line(f"localcluster: {len(nodes)} node"
-                  f"{'' if len(nodes) == 1 else 's'} ({', '.join(nodes)}), "
-                  f"{session_class.__name__}")
-    progress.line(f"  checkpoints: {checkpoint_dir}"
-                  + (f" (resuming from epoch {resume})"
-                     if resume is not None else ""))
-    if max_restarts and args.session == "local":
-        progress.line("  note: --max-restarts does nothing under --session "
-                      "local: a node there is a thread of this process")
-    if resume is not None and manager.epoch_is_final(resume):
-        progress.line(f"  epoch {resume} is where this run stopped: there is "
-                      "no epoch left to train")
-    started = time.monotonic()
-    session = session_class()
-    session.trace_steps = bool(args.trace)
-    watch = _EpochWatch(args, nodes, metrics, options, Usage(session, nodes),
-                        progress, summary, resume)
-    runner = JobRunner(
-        job, manager, resume_from_epoch=resume, max_restarts=max_restarts,
-        on_checkpoint_error=options.get("on_checkpoint_error", "warn"),
-        on_epoch=watch.on_epoch)
-    try:
-        watch.usage.sample()
-        streams = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = map(progress.guard, streams)
-        progress.start_live(watch.live_text)
-        try:
-            last = runner.train(session)
-        finally:
-            progress.stop_live()
-            sys.stdout, sys.stderr = streams
-        watch.usage.sample()
-    except KeyboardInterrupt as exc:
-        with _QuietSignals():
-            session.close()
-            remove_partials_under(checkpoint_dir)
-        latest = manager.get_resume_from_epoch_id()
-        message = ("interrupted; every node stopped; " + (
-            f"the last complete checkpoint is epoch {latest}"
-            if latest is not None else "no checkpoint was complete yet"))
-        progress.line(message)
-        if latest is not None:
-            progress.line(f"resume with: {_resume_hint(args, checkpoint_dir)}")
-        return _failed(summary, _exit_status(exc), message, "interrupted",
-                       latest=latest)
-    except LocalClusterError as exc:
-        with _QuietSignals():
-            session.close()
-            remove_partials_under(checkpoint_dir)
-        latest = manager.get_resume_from_epoch_id()
-        hint = (f"; resume with: {_resume_hint(args, checkpoint_dir)}"
-                if latest is not None else "")
-        sys.stderr.write(f"error: {first_line(exc)}{hint}\n")
-        return _failed(summary, 1, first_line(exc), latest=latest,
-                       node=getattr(exc, "node", None))
-    finally:
-        session.close()
-    return 0, _finish(args, summary, watch, runner, last,
-                      time.monotonic() - started, progress)
-
-
-def _failed(summary, code, message, status="error", **extra):
-    summary.update(status=status, error=message, **extra)
-    if status == "error" and "latest" not in extra:
-        sys.stderr.write(f"error: {message}\n")
-    return code, summary
-
-
-def _finish(args, summary, watch, runner, last, seconds, progress):
-    checkpoint_dir = summary["checkpoint_dir"]
-    summary.update(
-        last_epoch=last, seconds=seconds,
-        checkpoints=sorted(os.path.join(checkpoint_dir, f)
-                           for f in os.listdir(checkpoint_dir)
-                           if ".partial-" not in f and f != RUN_FILE),
-        node_usage={n: {"peak_rss_bytes": watch.usage.peak_rss.get(n) or
-                        None,
-                        "cpu_seconds": round(
-                            watch.usage.cpu_seconds.get(n, 0.0), 3)}
-                    for n in watch.usage.peak_rss},
-        checkpoint_errors=[{"epoch": e, "message": m}
-                           for e, m in runner.result.checkpoint_errors],
-        restarts=[{"resumed_from": e, "error": m}
-                  for e, m in runner.result.restarts])
-    if args.trace:
-        tmp = args.trace + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(chrome_trace(summary["nodes"], runner.result.epochs,
-                                   watch.saves), f)
-        os.replace(tmp, args.trace)
-    final = summary["epochs"][-1]["metrics"] if summary["epochs"] else {}
-    text = f"done: epoch {last} in {seconds:.2f} s"
-    first = watch.first_loss
-    if final.get("loss") is not None and first is not None:
-        drop = first / final["loss"] if final["loss"] else float("inf")
-        text += (f"; loss {first:.4g} -> {final['loss']:.4g} "
-                 f"({drop:.0f}x lower)")
-    progress.line(text + f"; checkpoints in {checkpoint_dir}")
-    if args.trace:
-        progress.line(f"  trace: {args.trace} (open in chrome://tracing or "
-                      "ui.perfetto.dev)")
-    return summary
-
-
-class _EpochWatch:
-    """The runner's ``on_epoch``: fetches the metrics, samples the nodes,
-    prints the epoch's line and records it for the summary and trace."""
-
-    def __init__(self, args, nodes, metrics, options, usage, progress,
-                 summary, resume):
-        self.nodes, self.metrics, self.usage = nodes, metrics, usage
-        self.records = options.get("records")
-        self.progress, self.summary = progress, summary
-        self.saves, self.first_loss = [], None
-        self.epoch, self.since = resume or 0, time.monotonic()
-
-    def live_text(self):
-        return (f"epoch {self.epoch + 1} running ... "
-                f"{time.monotonic() - self.since:.1f} s")
-
-    def on_epoch(self, report):
-        values = {k: scalar(v.fetch()) for k, v in self.metrics.items()}
-        per_node = self.usage.sample()
-        rate = self.records / report.seconds if self.records and \
-            report.seconds > 0 else None
-        self.summary["epochs"].append({
-            "epoch": report.epoch, "seconds": report.seconds,
-            "checkpoint_seconds": report.checkpoint_seconds,
-            "metrics": values, "records_per_s": rate,
-            "nodes": {n: dict(per_node.get(n, {}),
-                              seconds=report.node_seconds.get(n))
-                      for n in self.nodes},
-            "processes": per_node,
-            "checkpoint_error": report.checkpoint_error})
-        self.saves.append((report.epoch, report.started + report.seconds,
-                           report.checkpoint_seconds))
-        self.epoch, self.since = report.epoch, time.monotonic()
-        if self.first_loss is None and values.get("loss") is not None:
-            self.first_loss = values["loss"]
-        shown = "  ".join(
-            f"{k} {'n/a' if v is None else format(v, '.4g')}"
-            for k, v in sorted(values.items(), key=lambda kv: kv[0] != "loss"))
-        rate_text = f"  {rate:,.0f} rec/s" if rate else ""
-        node_text = "  ".join(
-            f"{n} {u['cpu_percent']:.0f}% {mib(u['rss_bytes'])}"
-            if u.get("cpu_percent") is not None
-            else f"{n} {mib(u['rss_bytes'])}"
-            for n, u in per_node.items())
-        self.progress.line(f"epoch {report.epoch:>3}  {report.seconds:7.3f} s"
-                           f"  {shown}{rate_text}  | {node_text}")
-
-
-def _main():
-    try:
-        return main()
+        code = main(signals=signals)
     except BrokenPipeError:  # `... | head`: the reader left; say nothing
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 1
+        code = 1
+    except SystemExit as exc:  # usage errors, --help
+        code = exc.code
+    except KeyboardInterrupt as exc:  # outside main's own handling
+        signals.stopping()
+        code = exit_status(exc)
+    except Exception as exc:  # noqa: BLE001 -- a bug: one line, not a trace
+        log.debug("unexpected error", exc_info=True)
+        sys.stderr.write(f"error: unexpected {type(exc).__name__}: "
+                         f"{first_line(exc)} (a bug in localcluster: "
+                         "--log-level DEBUG shows the traceback; please "
+                         "report it)\n")
+        code = 1
+    # A late Ctrl-C must not turn the status into a death by signal while
+    # the interpreter shuts down.
+    signals.exiting()
+    return code
 
 
 if __name__ == "__main__":
-    sys.exit(_main())
+    sys.exit(_run_as_command())

@@ -1,10 +1,14 @@
 """README's Python examples run as written, in the order a reader meets
-them (a later block may use what an earlier one built)."""
+them (a later block may use what an earlier one built); its samples of
+output are what the code prints; it names only files that are here."""
 
 import pathlib
 import re
+import shlex
+import signal
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -26,3 +30,110 @@ def test_the_readme_python_examples_run_as_written(tmp_path):
     # the first example's comment says what it prints; so does the
     # scheduler's, on the same group
     assert done.stdout.count("6.0 150\n") == 2, done.stdout[:2000]
+
+
+def block_after(marker):
+    """The text of the first plain ``` block after ``marker``."""
+    text = README.read_text()
+    start = text.index(marker)
+    found = re.compile(r"^```\n(.*?)^```", re.S | re.M).search(text, start)
+    return found.group(1)
+
+
+def test_the_to_string_sample_is_what_printer_prints():
+    sample = block_after("`printer.to_string(tg)` shows")
+    code = python_blocks()[0] + textwrap.dedent('''
+        from localcluster import printer
+        print("-- plan --")
+        print(printer.to_string(tg))
+    ''')
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("-- plan --\n", 1)[1] == sample
+
+
+def transcript_commands(block):
+    """``[(argv, status, expected output lines)]`` of a shell transcript:
+    ``$ python -m localcluster.run ...`` lines, what follows each, and the
+    ``$ echo $?`` after it."""
+    commands = []
+    for line in block.splitlines():
+        if line.startswith("$ python -m localcluster.run"):
+            commands.append([shlex.split(line[2:])[3:], 0, []])
+        elif line == "$ echo $?":
+            commands[-1].append("status")
+        elif len(commands[-1]) == 4:  # the status echoed
+            commands[-1][1] = int(line)
+            commands[-1].pop()
+        else:
+            commands[-1][2].append(line)
+    return commands
+
+
+def shown_as(line, directory):
+    """What must match of a transcript line: the exact text, or -- for the
+    lines with timings and losses -- the part before them."""
+    line = line.replace("/tmp/ckpt", directory)
+    if line.startswith("epoch "):
+        return line[:len("epoch   7")]
+    if line.startswith("done: "):
+        return line[:line.index(" in ")]
+    return line
+
+
+@pytest.mark.timeout(120)
+def test_the_resume_transcript_is_what_the_command_line_prints(tmp_path):
+    block = block_after("**Resuming.**")
+    directory = str(tmp_path / "ckpt")
+    for argv, status, expected in transcript_commands(block):
+        argv = [a.replace("/tmp/ckpt", directory) for a in argv]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "localcluster.run", *argv],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        interrupt_after = next((expected[i - 1] for i, line in
+                                enumerate(expected) if line == "^C"), None)
+        lines = []
+        try:
+            while interrupt_after is not None:
+                line = proc.stdout.readline()
+                lines.append(line)
+                if not line or line.startswith(interrupt_after[:9]):
+                    proc.send_signal(signal.SIGINT)
+                    break
+            out, err = proc.communicate(timeout=90)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        shown = ("".join(lines) + out).splitlines()
+        assert proc.returncode == status, err
+        wanted = [shown_as(line, directory) for line in expected
+                  if line not in ("...", "^C")]
+        rest = iter(shown)  # each README line, in README's order
+        assert all(any(s.startswith(w) for s in rest) for w in wanted), \
+            "\n".join(["README:"] + wanted + ["printed:"] + shown)
+
+
+def test_readme_points_only_at_files_in_the_repository():
+    root = README.parent
+    text = README.read_text()
+    named = set(re.findall(r"`([\w./-]+\.(?:py|md|cfg|txt|json|toml))`",
+                           text))
+    named |= set(re.findall(r"python ([\w/]+\.py)", text))
+    named = {n for n in named if "/" in n or n.endswith(".md")}
+    missing = sorted(n for n in named if not (root / n).exists())
+    assert not missing, f"README names files that are not here: {missing}"
+
+
+def test_readme_documents_every_option_and_exit_status():
+    from localcluster.run import parser
+    text = README.read_text()
+    options = [o for action in parser()._actions
+               for o in action.option_strings if o.startswith("--")]
+    undocumented = [o for o in options
+                    if o != "--help" and f"`{o}" not in text]
+    assert not undocumented, undocumented
+    for status in ("130", "143", "129"):
+        assert status in text
+    assert "`--resume latest`" in text

@@ -254,7 +254,8 @@ def test_a_failing_job_exits_1_with_one_line_naming_the_node(tmp_path):
               if line.startswith("error:")]
     assert len(errors) == 1, done.stderr
     assert "'worker'" in errors[0] and "the user's op broke" in errors[0]
-    assert "resume with:" in errors[0]
+    # an op that raises fails a resumed run the same way: no resume hint
+    assert "resume with:" not in done.stderr
 
 
 @pytest.mark.parametrize("value, message", [
@@ -291,18 +292,23 @@ def test_resume_without_a_checkpoint_says_so(tmp_path):
 def test_cleanup_removes_segments_of_dead_runs_and_reports_them():
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    name = f"lc_{dead.pid}_deadbeef_1"
-    with open(os.path.join(SHM, name), "wb") as f:
-        f.write(b"x")
-    os.utime(os.path.join(SHM, name), (0, 0))
-    try:
-        done = run("--cleanup")
-        assert done.returncode == 0, done.stderr
-        assert name in done.stdout
-        assert not os.path.exists(os.path.join(SHM, name))
-    finally:
-        if os.path.exists(os.path.join(SHM, name)):
-            os.unlink(os.path.join(SHM, name))
+    # Every scheduler started on the machine sweeps stale segments too: one
+    # of another test run may take ours first; then plant another.
+    for attempt in range(5):
+        name = f"lc_{dead.pid}_deadbeef_{attempt}"
+        with open(os.path.join(SHM, name), "wb") as f:
+            f.write(b"x")
+        os.utime(os.path.join(SHM, name), (0, 0))
+        try:
+            done = run("--cleanup")
+            assert done.returncode == 0, done.stderr
+            assert not os.path.exists(os.path.join(SHM, name))
+            if name in done.stdout:
+                break
+        finally:
+            if os.path.exists(os.path.join(SHM, name)):
+                os.unlink(os.path.join(SHM, name))
+    assert name in done.stdout
 
 
 def test_max_restarts_recovers_a_node_killed_mid_epoch(tmp_path):
@@ -364,7 +370,8 @@ def test_resume_takes_the_options_the_checkpoints_were_made_with(tmp_path):
     ckpt = str(tmp_path / "c")
     first, _ = json_run("--nodes", "1", "--epochs", "3", "--seed", "5",
                         "--threads", "1", "--checkpoint-dir", ckpt)
-    for option, value in (("--nodes", "2"), ("--epochs", "4"),
+    # (more --epochs train further: tests/test_run_hardening.py)
+    for option, value in (("--nodes", "2"), ("--epochs", "2"),
                           ("--seed", "6")):
         done = run("--checkpoint-dir", ckpt, "--resume", "1", option, value)
         assert done.returncode == 2

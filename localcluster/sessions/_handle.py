@@ -109,7 +109,39 @@ class NodeHandle:
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
-        process.start()
+        # A Python signal handler that raises during the fork loses its
+        # exception (it runs inside an at-fork hook, whose exceptions
+        # CPython prints and drops) and the master would go on as if
+        # nothing came: while the process starts, the handlers of the stop
+        # signals only note a signal, raised again below once the node is
+        # wholly ours -- or killed, if that raises.  (Handlers run in the
+        # main thread only: from another thread there is nothing to hold.)
+        deferred, master, held = [], os.getpid(), {}
+
+        def note(signum, frame):
+            if os.getpid() != master:
+                # the new node, before it reset the master's handlers: a
+                # signal does to it what it would have done without them
+                if signum != signal.SIGINT:  # Ctrl-C is the master's
+                    signal.signal(signum, signal.SIG_DFL)
+                    os.kill(os.getpid(), signum)
+                return
+            deferred.append(signum)
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                if callable(signal.getsignal(sig)):
+                    held[sig] = signal.signal(sig, note)
+        started = False
+        try:
+            process.start()
+            started = True
+        finally:
+            for sig, old in held.items():
+                signal.signal(sig, old)
+            if not started:  # the start failed: the signal still counts
+                for sig in dict.fromkeys(deferred):
+                    signal.raise_signal(sig)
         # Close our copies of the child's ends now, before the next fork,
         # so a node's EOF means what it says.
         node_conn.close()
@@ -123,6 +155,12 @@ class NodeHandle:
         handle.log = pump.add(log_r, name)
         _live.add(handle)
         log.debug("started node %r (pid %d)", name, process.pid)
+        try:
+            for sig in dict.fromkeys(deferred):  # the handlers run here
+                signal.raise_signal(sig)
+        except BaseException:
+            handle.kill()  # the caller never gets it: no node outlives
+            raise
         return handle
 
     # -- stop ---------------------------------------------------------------

@@ -1,0 +1,145 @@
+"""The Chrome trace of a ``python -m localcluster.run`` run (``--trace``).
+
+`chrome_trace` turns the runner's epoch reports into Chrome trace-event
+JSON (chrome://tracing, Perfetto): the runner and every node a track.
+
+`TraceFile` writes it where ``--trace FILE`` says -- to a regular file
+only.  A device, a FIFO, a directory or a symlink at FILE is refused
+before anything runs (writing through a symlink, or renaming over a
+device, is how a trace would destroy what it was never meant to touch),
+and so is a place where no file can be made.  The trace is written to a
+new temporary file beside FILE (created exclusively, never followed) and
+renamed over it, so a reader sees the old trace or the whole new one.
+"""
+
+import json
+import os
+import stat
+import tempfile
+
+from ._runjob import UsageError
+
+__all__ = ["TraceFile", "chrome_trace"]
+
+
+class TraceFile:
+    """``--trace FILE``: checked when made, written by `write`."""
+
+    def __init__(self, path):
+        self.path = path
+        self.directory = os.path.dirname(os.path.abspath(path))
+        self._made = []
+        self._check_kind()
+        self._temporary()[1].close()  # a file can be made there
+        self._remove_temporaries()
+
+    def _check_kind(self):
+        try:
+            found = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise UsageError(f"--trace {self.path} cannot be examined "
+                             f"({exc.strerror}); give the path of a regular "
+                             "file") from exc
+        if not stat.S_ISREG(found.st_mode):
+            raise UsageError(
+                f"--trace {self.path} cannot be written: it is "
+                f"{_kind(found.st_mode)}, not a regular file, and a trace "
+                "replaces the file at its path; give the path of a regular "
+                "file (or of none yet)")
+
+    def _temporary(self):
+        try:
+            fd, tmp = tempfile.mkstemp(
+                dir=self.directory,
+                prefix="." + os.path.basename(self.path) + ".",
+                suffix=".tmp")
+        except OSError as exc:
+            raise UsageError(
+                f"--trace {self.path} cannot be written: no file can be made "
+                f"in {self.directory} ({exc.strerror}); give a path in a "
+                "writable directory") from exc
+        self._made.append(tmp)
+        return tmp, os.fdopen(fd, "w")
+
+    def _remove_temporaries(self):
+        for tmp in self._made:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        self._made = []
+
+    def write(self, trace):
+        """Write ``trace`` (a JSON-able dict) to the file; `OSError` (its
+        message one line naming the file) if it cannot be."""
+        try:
+            tmp, f = self._temporary()
+            with f:
+                json.dump(trace, f)
+            self._check_kind()  # still a regular file, or none
+            os.replace(tmp, self.path)
+            self._made = []
+        except UsageError as exc:
+            raise OSError(str(exc)) from None
+        except OSError as exc:
+            raise OSError(f"--trace {self.path} could not be written: "
+                          f"{exc.strerror or exc}") from exc
+        finally:
+            self._remove_temporaries()
+
+
+def _kind(mode):
+    for test, name in ((stat.S_ISLNK, "a symlink"),
+                       (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def chrome_trace(nodes, epochs, saves):
+    """Chrome trace-event JSON: the runner and every node a process (a
+    track); epochs and checkpoints on the runner's, each node's part of an
+    epoch and its steps (a thread per executor thread) on the node's."""
+    pids = {"runner": 0, **{node: i + 1 for i, node in enumerate(nodes)}}
+    events = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+               "ts": 0,
+               "args": {"name": name}} for name, pid in pids.items()]
+    tids = {}
+
+    def tid(node, thread):
+        key = (node, thread)
+        if key not in tids:
+            tids[key] = len([k for k in tids if k[0] == node]) + 1
+            events.append({"ph": "M", "name": "thread_name", "ts": 0,
+                           "pid": pids[node], "tid": tids[key],
+                           "args": {"name": thread}})
+        return tids[key]
+
+    def span(name, cat, pid, thread_id, start, seconds, args=None):
+        events.append({"name": name, "cat": cat, "ph": "X", "pid": pid,
+                       "tid": thread_id, "ts": round(start * 1e6, 1),
+                       "dur": round(max(seconds, 0) * 1e6, 1),
+                       "args": args or {}})
+
+    for report in epochs:
+        span(f"epoch {report.epoch}", "epoch", 0, 0, report.started,
+             report.seconds, {"stopped": report.stopped})
+        for node, seconds in report.node_seconds.items():
+            if node in pids:
+                span(f"epoch {report.epoch}", "task", pids[node], 0,
+                     report.started, seconds)
+        for node, spans in (report.trace or {}).items():
+            if node not in pids:
+                continue
+            for name, task, thread, start, end in spans:
+                span(name, "step", pids[node], tid(node, thread), start,
+                     end - start, {"task": task})
+    for epoch, started, seconds in saves:
+        span(f"checkpoint {epoch}", "checkpoint", 0, 0, started, seconds)
+    return {"traceEvents": events, "displayTimeUnit": "ms"}

@@ -1,0 +1,195 @@
+"""One training run of ``python -m localcluster.run``: the session, the
+`JobRunner` and what is shown of them -- the header, a line per epoch, and
+the end: done, interrupted (every node stopped, how to resume) or failed
+(the lines of `_runfail`).  Whatever the end, no partial checkpoint of the
+run stays, and the trace (``--trace``) is written.
+"""
+
+import os
+import sys
+import time
+
+from . import (JobRunner, LocalClusterError, LocalHostScheduler,
+               LocalSession, TaskOutput)
+from ._rundir import is_run_file
+from ._runfail import describe, resume_hint
+from ._runjob import DEFAULT_JOB, job_nodes
+from ._runreport import EpochWatch, Progress, Usage
+from ._runsignals import exit_status
+from ._runtrace import chrome_trace
+from .checkpoint_file import PARTIAL, remove_partials_under
+
+__all__ = ["Run"]
+
+
+class Run:
+    """One training run: ``train()`` gives ``(exit status, JSON summary)``.
+    """
+
+    def __init__(self, args, job, options, out, manager, resume, trace,
+                 signals):
+        self.args, self.job, self.options = args, job, options
+        self.out, self.manager, self.resume = out, manager, resume
+        self.trace, self.signals = trace, signals
+        self.directory = manager.db_prefix
+        self.nodes = job_nodes(job)
+        self.summary = {"job": args.job or DEFAULT_JOB,
+                        "session": args.session, "nodes": self.nodes,
+                        "checkpoint_dir": self.directory,
+                        "resumed_from": resume, "epochs": [], "status": "ok"}
+        self.max_restarts = args.max_restarts \
+            if args.max_restarts is not None \
+            else options.get("max_restarts", 0)
+        self.watch = self.runner = None
+
+    def train(self):
+        args, metrics = self.args, self.options.get("metrics") or {}
+        bad = [k for k, v in metrics.items() if not isinstance(v, TaskOutput)]
+        if bad:
+            return self._failed(1, f"the job's metrics {bad} are not "
+                                "TaskOutputs (task.add_output(blob) makes "
+                                "one)")
+        session_class = LocalHostScheduler if args.session == "localhost" \
+            else LocalSession
+        progress = self._header(session_class)
+        started = time.monotonic()
+        session = session_class()
+        try:
+            session.trace_steps = self.trace is not None
+            self.watch = EpochWatch(self.nodes, metrics,
+                                    self.options.get("records"),
+                                    Usage(session, self.nodes), progress,
+                                    self.summary, self.resume,
+                                    check=self.signals.check)
+            self.runner = JobRunner(
+                self.job, self.manager, resume_from_epoch=self.resume,
+                max_restarts=self.max_restarts, timeout=args.timeout,
+                on_checkpoint_error=self.options.get("on_checkpoint_error",
+                                                     "warn"),
+                on_epoch=self.watch.on_epoch)
+            last = self._train(session, progress)
+        except KeyboardInterrupt as exc:
+            self._stop(session)
+            return self._interrupted(exc, progress)
+        except LocalClusterError as exc:
+            self._stop(session)
+            return self._error(exc)
+        finally:
+            session.close()
+        return self._done(last, time.monotonic() - started, progress)
+
+    def _header(self, session_class):
+        args, resume = self.args, self.resume
+        progress = Progress(self.out, live=self.out.isatty())
+        n = len(self.nodes)
+        progress.line(f"localcluster: {n} node{'' if n == 1 else 's'} "
+                      f"({', '.join(self.nodes)}), {session_class.__name__}")
+        progress.line(f"  checkpoints: {self.directory}"
+                      + (f" (resuming from epoch {resume})"
+                         if resume is not None else ""))
+        if self.max_restarts and args.session == "local":
+            progress.line("  note: --max-restarts does nothing under "
+                          "--session local: a node there is a thread of "
+                          "this process")
+        if resume is not None and self.manager.epoch_is_final(resume):
+            progress.line(f"  epoch {resume} is where this run stopped: "
+                          "there is no epoch left to train")
+        return progress
+
+    def _train(self, session, progress):
+        self.watch.usage.sample()
+        saved = sys.stdout, sys.stderr
+        # under --json stdout is for the summary alone: node output too
+        shown = (sys.stderr if self.args.json else sys.stdout), sys.stderr
+        sys.stdout, sys.stderr = map(progress.guard, shown)
+        progress.start_live(self.watch.live_text)
+        try:
+            last = self.runner.train(session)
+        finally:
+            progress.stop_live()
+            sys.stdout, sys.stderr = saved
+        self.signals.check()  # a signal whose exception was swallowed
+        self.watch.usage.sample()
+        return last
+
+    def _stop(self, session):
+        """After an interrupt or a failure: every node stopped, and no
+        partial checkpoint of ours left.  No later signal cuts it short."""
+        self.signals.stopping()
+        session.close()
+        remove_partials_under(self.directory)
+
+    def _interrupted(self, exc, progress):
+        latest = self._latest()
+        message = ("interrupted; every node stopped; " + (
+            f"the last complete checkpoint is epoch {latest}"
+            if latest is not None else "no checkpoint was complete yet"))
+        progress.line(message)
+        if latest is not None:
+            progress.line("resume with: "
+                          + resume_hint(self.args, self.directory))
+        self._write_trace()
+        return self._failed(exit_status(exc), message, "interrupted",
+                            latest=latest)
+
+    def _error(self, exc):
+        failure = describe(exc, self.max_restarts, self.args.timeout,
+                           self.args.log_level == "DEBUG")
+        latest = None if failure.recurs else self._latest()
+        hint = (f"; resume with: {resume_hint(self.args, self.directory)}"
+                if latest is not None else "")
+        sys.stderr.write(f"error: {failure.line}{hint}\n")
+        sys.stderr.writelines(line + "\n" for line in failure.details)
+        self._write_trace()
+        return self._failed(1, failure.line, latest=latest,
+                            node=getattr(exc, "node", None), quiet=True)
+
+    def _latest(self):
+        try:
+            return self.manager.get_resume_from_epoch_id()
+        except LocalClusterError:
+            return None
+
+    def _failed(self, code, message, status="error", quiet=False, **extra):
+        self.summary.update(status=status, error=message, **extra)
+        if status == "error" and not quiet:
+            sys.stderr.write(f"error: {message}\n")
+        return code, self.summary
+
+    def _write_trace(self):
+        """The trace of what ran; True if written (or not asked for)."""
+        if self.trace is None:
+            return True
+        epochs = self.runner.result.epochs if self.runner else []
+        saves = self.watch.saves if self.watch else []
+        try:
+            self.trace.write(chrome_trace(self.nodes, epochs, saves))
+        except OSError as exc:
+            sys.stderr.write(f"error: {exc}\n")
+            return False
+        return True
+
+    def _done(self, last, seconds, progress):
+        summary, runner, usage = self.summary, self.runner, self.watch.usage
+        summary.update(
+            last_epoch=last, seconds=seconds,
+            checkpoints=sorted(
+                os.path.join(self.directory, f)
+                for f in os.listdir(self.directory)
+                if PARTIAL not in f and not is_run_file(f)),
+            node_usage={n: {"peak_rss_bytes": usage.peak_rss.get(n) or None,
+                            "cpu_seconds": round(
+                                usage.cpu_seconds.get(n, 0.0), 3)}
+                        for n in usage.peak_rss},
+            checkpoint_errors=[{"epoch": e, "message": m}
+                               for e, m in runner.result.checkpoint_errors],
+            restarts=[{"resumed_from": e, "error": m}
+                      for e, m in runner.result.restarts])
+        progress.line(self.watch.done_line(last, seconds, self.directory))
+        if not self._write_trace():
+            summary.update(status="error", error="the trace was not written")
+            return 1, summary
+        if self.trace is not None:
+            progress.line(f"  trace: {self.trace.path} (open in "
+                          "chrome://tracing or ui.perfetto.dev)")
+        return 0, summary

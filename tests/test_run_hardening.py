@@ -1,0 +1,635 @@
+"""python -m localcluster.run under faults and bad input: signals at the
+wrong moment, hung nodes, leftovers of killed runs, a checkpoint directory
+two runs want, odd trace paths, closed streams, out-of-range options.
+Every case ends in a clear error or a correct result, with nothing left
+behind.  (Tests are grouped by the point of the hardening issue they pin.)
+"""
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from test_run import (SLOW_JOB, USER_JOB, final_loss, json_run, leftovers,
+                      run)
+
+EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+
+
+def command(*args):
+    return [sys.executable, "-m", "localcluster.run", *args]
+
+
+def error_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def no_traceback(done):
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr
+
+
+def write_job(tmp_path, text=USER_JOB, name="myjob.py"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def stop_after_first_epoch(proc, sig=signal.SIGINT, wait=0.1):
+    """Send ``sig`` once the run printed its first epoch; its output."""
+    lines = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if line.startswith("epoch   1") or not line:
+                time.sleep(wait)
+                proc.send_signal(sig)
+                break
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    return "".join(lines) + out, err
+
+
+# -- 1: a signal while the master forks a node -------------------------------------
+
+FORK_SIGNAL_JOB = textwrap.dedent('''
+    import os, signal
+    from localcluster.examples import regression
+
+    # Loaded by the master: the first fork after this sends the master a
+    # signal from inside the fork (an at-fork hook), the moment a handler
+    # that raises loses its exception.
+    MASTER, SENT = os.getpid(), []
+
+    def _signal_master():
+        if os.getpid() == MASTER and not SENT:
+            SENT.append(1)
+            os.kill(MASTER, int(os.environ["LC_TEST_SIGNAL"]))
+
+    os.register_at_fork(before=_signal_master)
+
+    def build(nodes=2, epochs=3, seed=0, threads=1):
+        return regression.build(nodes=nodes, epochs=epochs, seed=seed,
+                                threads=threads)
+''')
+
+
+@pytest.mark.parametrize("sig", sorted(EXIT))
+def test_a_signal_while_the_master_forks_a_node_stops_the_run(tmp_path, sig):
+    job = write_job(tmp_path, FORK_SIGNAL_JOB, "forkjob.py")
+    ckpt = tmp_path / "c"
+    proc = subprocess.Popen(
+        command("--job", f"{job}:build", "--checkpoint-dir", str(ckpt)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, LC_TEST_SIGNAL=str(int(sig))))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT[sig], out + err
+    assert "done:" not in out and "epoch   1" not in out, out
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert leftovers(proc.pid) == ([], [])
+    assert not [f for f in os.listdir(ckpt) if ".partial-" in f]
+
+
+SCHEDULER_FORK_SIGNAL = textwrap.dedent('''
+    import os, signal
+    from localcluster import LocalHostScheduler
+
+    class Stop(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    MASTER, SENT = os.getpid(), []
+
+    def _signal_master():
+        if os.getpid() == MASTER and not SENT:
+            SENT.append(1)
+            os.kill(MASTER, signal.SIGTERM)
+
+    os.register_at_fork(before=_signal_master)
+    session = LocalHostScheduler()
+    try:
+        session.start_nodes(["a", "b"])
+        print("lost", flush=True)
+    except Stop:
+        print("stopped", sorted(session.node_pids()), flush=True)
+    finally:
+        session.close()
+''')
+
+
+def test_a_signal_during_a_fork_reaches_the_schedulers_caller():
+    done = subprocess.run([sys.executable, "-c", SCHEDULER_FORK_SIGNAL],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "stopped []", done.stdout + done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
+
+
+# -- 3: --timeout ---------------------------------------------------------------------
+
+HANG_JOB = USER_JOB + textwrap.dedent('''
+
+    def hang_once(epoch, marker):
+        import os, time
+        if int(epoch) == 2 and not os.path.exists(str(marker)):
+            open(str(marker), "w").close()
+            time.sleep(60)
+
+    def hangs(epochs=4):
+        import os
+        marker = os.path.join(os.path.dirname(__file__), "hung")
+        with Job() as job, Node("worker"):
+            with job.init_group, Task():
+                ops.Const(np.array(0.0), name="x")
+                ops.Const(np.array(0), name="epoch_no")
+                ops.Const(np.array(marker), name="marker")
+            with Task() as task:
+                ops.Add(["epoch_no", ops.Const(np.array(1))], ["epoch_no"])
+                ops.Add(["x", ops.Const(np.array(1.0))], ["x"])
+                ops.Python(hang_once)(["epoch_no", "marker"], [])
+                out = task.add_output("x")
+            epoch_limiter(job, epochs)
+        return job, {"metrics": {"x": out}}
+''')
+
+
+def test_a_timed_out_run_is_one_line_naming_the_late_node(tmp_path):
+    job = write_job(tmp_path, HANG_JOB)
+    started = time.monotonic()
+    done = run("--job", f"{job}:hangs", "--timeout", "1",
+               "--checkpoint-dir", str(tmp_path / "c"), timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert time.monotonic() - started < 30
+    [line] = error_lines(done.stderr)
+    assert "--timeout 1 s" in line and "'worker'" in line, line
+    assert "--max-restarts" in line and "resume with:" in line, line
+    no_traceback(done)
+
+
+def test_max_restarts_recovers_a_timed_out_node(tmp_path):
+    job = write_job(tmp_path, HANG_JOB)
+    summary, _ = json_run("--job", f"{job}:hangs", "--timeout", "1",
+                          "--max-restarts", "1", "--checkpoint-dir",
+                          str(tmp_path / "c"))
+    assert (tmp_path / "hung").exists()
+    assert [r["resumed_from"] for r in summary["restarts"]] == [1]
+    assert summary["epochs"][-1]["metrics"]["x"] == 4
+
+
+def usage_error(capsys, *args):
+    """The command line's usage error for ``args`` (parsed in this
+    process: no job runs), as its one line."""
+    from localcluster.run import main
+    with pytest.raises(SystemExit) as stopped:
+        main(list(args))
+    assert stopped.value.code == 2, args
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_timeout_must_be_a_positive_number_of_seconds(capsys):
+    for value in ("0", "-1", "soon", "nan", "1e30"):
+        line = usage_error(capsys, "--timeout", value)
+        assert "argument --timeout" in line and "seconds" in line, line
+
+
+# -- 5: repeated Ctrl-C, Ctrl-C at start-up, the run file ----------------------------
+
+@pytest.mark.timeout(120)
+def test_repeated_ctrl_c_exits_130_without_a_traceback(tmp_path):
+    for attempt in range(3):
+        proc = subprocess.Popen(
+            command("--epochs", "50", "--checkpoint-dir",
+                    str(tmp_path / str(attempt))),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            while not proc.stdout.readline().startswith("epoch"):
+                assert proc.poll() is None
+            while proc.poll() is None:  # a Ctrl-C held down
+                proc.send_signal(signal.SIGINT)
+                time.sleep(0.005)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err and "Exception ignored" not in err, err
+        assert leftovers(proc.pid) == ([], [])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_command_line_starts_is_its_exit_status(sig):
+    # ~3 s of argument parsing: the signal lands while the command line
+    # sets itself up, before it has a run to stop
+    proc = subprocess.Popen(command(*["--seed", "1"] * 10000,
+                                    "--print-plan"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    time.sleep(1.2)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT[sig], err
+    assert err.strip() == "interrupted", err
+
+
+def test_the_run_file_is_never_left_half_written(tmp_path, monkeypatch):
+    from localcluster import _rundir
+    _rundir.save_options(str(tmp_path), "a:b", {"nodes": 1})
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_rundir.json, "dump", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _rundir.save_options(str(tmp_path), "a:b", {"nodes": 2})
+    assert os.listdir(tmp_path) == [_rundir.RUN_FILE]
+    assert _rundir.saved_options(str(tmp_path))["nodes"] == 1
+
+
+# -- 12: partial checkpoints of killed runs -----------------------------------------
+
+def dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def plant_partial(directory, pid, age=0.0, base="ps.3"):
+    path = os.path.join(directory, f"{base}.partial-{pid}-0badf00d")
+    with open(path, "wb") as f:
+        f.write(b"PK half a checkpoint")
+    if age:
+        os.utime(path, (time.time() - age, time.time() - age))
+    return path
+
+
+def test_a_zombie_writer_is_not_alive(tmp_path):
+    from localcluster.checkpoint_file import remove_partials
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # exited, not reaped: a zombie
+            with open(f"/proc/{zombie.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+        path = plant_partial(str(tmp_path), zombie.pid)
+        removed = remove_partials(str(tmp_path / "ps.3"), dead_only=True)
+        assert removed == [os.path.basename(path)]
+    finally:
+        zombie.wait()
+
+
+def test_a_reused_pid_is_not_the_writer(tmp_path):
+    from localcluster.checkpoint_file import remove_partials
+    # a live process that started an hour after the file was last written
+    other = subprocess.Popen([sys.executable, "-c",
+                              "import time; time.sleep(30)"])
+    try:
+        path = plant_partial(str(tmp_path), other.pid, age=3600)
+        removed = remove_partials(str(tmp_path / "ps.3"), dead_only=True)
+        assert removed == [os.path.basename(path)]
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_live_writer_keeps_its_partial_file(tmp_path):
+    from localcluster.checkpoint_file import remove_partials
+    path = plant_partial(str(tmp_path), os.getpid())
+    assert remove_partials(str(tmp_path / "ps.3"), dead_only=True) == []
+    assert os.path.exists(path)
+
+
+BIG_JOB = textwrap.dedent('''
+    import numpy as np
+    from localcluster import Job, Node, Task, epoch_limiter, ops
+
+    def build(epochs=3):
+        with Job() as job, Node("worker"):
+            with job.init_group, Task():
+                # 64 MiB: a checkpoint takes a moment to write
+                ops.ConstantFill([], ["big"], shape=[8 << 20], value=1.0)
+                ops.Const(np.array(0.0), name="x")
+            with Task():
+                ops.Add(["x", ops.Const(np.array(1.0))], ["x"])
+            epoch_limiter(job, epochs)
+        return job
+''')
+
+
+@pytest.mark.timeout(120)
+def test_partials_of_a_sigkilled_master_go_on_cleanup(tmp_path):
+    job = write_job(tmp_path, BIG_JOB, "big_job.py")
+    ckpt = tmp_path / "c"
+    master = subprocess.Popen(
+        command("--job", f"{job}:build", "--checkpoint-dir", str(ckpt)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and master.poll() is None:
+            if ckpt.is_dir() and any(".partial-" in n
+                                     for n in os.listdir(ckpt)):
+                master.kill()  # while a node writes its checkpoint
+                break
+            time.sleep(0.001)
+    finally:
+        master.kill()
+        master.wait(10)
+    partials = [n for n in os.listdir(ckpt) if ".partial-" in n]
+    if not partials:
+        pytest.skip("the checkpoint was written before the master died")
+    deadline = time.monotonic() + 10  # the writer dies with its master
+    while time.monotonic() < deadline and any(
+            _alive(int(n.split(".partial-")[1].split("-")[0]))
+            for n in partials):
+        time.sleep(0.01)
+    done = run("--cleanup", "--checkpoint-dir", str(ckpt))
+    assert done.returncode == 0, done.stderr
+    assert [n for n in os.listdir(ckpt) if ".partial-" in n] == []
+    assert all(n in done.stdout for n in partials)
+
+
+def _alive(pid):
+    """Running, not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_next_run_removes_partials_a_killed_run_left(tmp_path):
+    ckpt = str(tmp_path / "c")
+    json_run("--nodes", "1", "--epochs", "2", "--checkpoint-dir", ckpt)
+    partial = plant_partial(ckpt, dead_pid())
+    done = run("--checkpoint-dir", ckpt, "--resume")
+    assert done.returncode == 0, done.stderr
+    assert not os.path.exists(partial)
+
+
+def test_cleanup_removes_partials_of_dead_writers(tmp_path):
+    ckpt = tmp_path / "c"
+    ckpt.mkdir()
+    gone = plant_partial(str(ckpt), dead_pid())
+    alive = plant_partial(str(ckpt), os.getpid(), base="ps.4")
+    done = run("--cleanup", "--checkpoint-dir", str(ckpt))
+    assert done.returncode == 0, done.stderr
+    assert gone in done.stdout and "partial checkpoint" in done.stdout
+    assert not os.path.exists(gone) and os.path.exists(alive)
+    done = run("--cleanup", "--json", "--checkpoint-dir", str(ckpt))
+    assert json.loads(done.stdout)["partial_checkpoints"] == []
+
+
+# -- 14: one run per checkpoint directory --------------------------------------------
+
+def test_a_directory_of_another_run_is_refused_without_resume(tmp_path):
+    ckpt = str(tmp_path / "c")
+    json_run("--nodes", "1", "--epochs", "2", "--checkpoint-dir", ckpt)
+    done = run("--nodes", "1", "--epochs", "1", "--checkpoint-dir", ckpt)
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert "holds another run's checkpoints" in line
+    assert "--resume" in line and "--overwrite" in line
+    summary, _ = json_run("--nodes", "1", "--epochs", "1", "--overwrite",
+                          "--checkpoint-dir", ckpt)
+    assert summary["last_epoch"] == 1
+    assert not os.path.exists(os.path.join(ckpt, "ps.2"))  # the old run's
+
+
+def test_resume_compares_options_left_at_their_defaults(tmp_path):
+    ckpt = str(tmp_path / "c")
+    json_run("--epochs", "2", "--checkpoint-dir", ckpt)  # --nodes 2, seed 0
+    for option, value in (("--nodes", "1"), ("--seed", "9"),
+                          ("--threads", "1")):
+        done = run("--checkpoint-dir", ckpt, "--resume", "1", option, value)
+        assert done.returncode == 2, (option, done.stdout)
+        assert f"differs from the {option}" in done.stderr
+        assert "epoch   2" not in done.stdout
+
+
+def test_a_second_run_into_a_directory_in_use_is_refused(tmp_path):
+    job = write_job(tmp_path, SLOW_JOB, "slow_job.py")
+    ckpt = str(tmp_path / "c")
+    first = subprocess.Popen(
+        command("--job", f"{job}:build", "--epochs", "4", "--checkpoint-dir",
+                ckpt), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        while not first.stdout.readline().startswith("epoch   1"):
+            assert first.poll() is None
+        second = run("--checkpoint-dir", ckpt, "--resume")
+        out, err = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(10)
+    assert first.returncode == 0, err
+    assert second.returncode == 1
+    [line] = second.stderr.strip().splitlines()
+    assert "is in use by another run" in line and str(first.pid) in line
+    assert "epoch" not in second.stdout
+    # the lock went with the run that held it
+    assert "localcluster-run.lock" not in os.listdir(ckpt)
+    done = run("--checkpoint-dir", ckpt, "--resume")
+    assert done.returncode == 0 and "no epoch left" in done.stdout
+
+
+def test_resume_with_more_epochs_trains_further(tmp_path):
+    common = ["--nodes", "1", "--threads", "1", "--seed", "4"]
+    expected, _ = json_run(*common, "--epochs", "4", "--checkpoint-dir",
+                           str(tmp_path / "u"))
+    ckpt = str(tmp_path / "c")
+    json_run(*common, "--epochs", "2", "--checkpoint-dir", ckpt)
+    further, _ = json_run("--checkpoint-dir", ckpt, "--resume", "latest",
+                          "--epochs", "4")
+    assert [e["epoch"] for e in further["epochs"]] == [3, 4]
+    assert final_loss(further) == final_loss(expected)
+    # the directory now says 4: a plain --resume has nothing left to do
+    done = run("--checkpoint-dir", ckpt, "--resume")
+    assert done.returncode == 0 and "no epoch left" in done.stdout
+
+
+# -- 16: --trace ------------------------------------------------------------------------
+
+def test_trace_refuses_what_is_not_a_regular_file(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    cases = [(fifo, "a FIFO"), (link, "a symlink")]
+    if os.path.isdir("/proc"):
+        cases.append(("/proc/t.json", "no file can be made"))
+    for path, what in cases:
+        done = run("--trace", str(path), "--epochs", "1")
+        assert done.returncode == 2, path
+        [line] = done.stderr.strip().splitlines()
+        assert str(path) in line and what in line, line
+        assert "epoch" not in done.stdout
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert os.path.islink(link) and target.read_text() == "keep me"
+    assert sorted(os.listdir(tmp_path)) == ["fifo", "link.json", "precious"]
+
+
+def test_an_interrupted_run_writes_its_trace(tmp_path):
+    job = write_job(tmp_path, SLOW_JOB, "slow_job.py")
+    trace = tmp_path / "trace.json"
+    proc = subprocess.Popen(
+        command("--job", f"{job}:build", "--trace", str(trace),
+                "--checkpoint-dir", str(tmp_path / "c")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = stop_after_first_epoch(proc)
+    assert proc.returncode == 130, err
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("name") == "epoch 1" for e in events)
+    assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []
+
+
+def test_a_failed_run_writes_its_trace(tmp_path):
+    job = write_job(tmp_path)
+    trace = tmp_path / "trace.json"
+    done = run("--job", f"{job}:broken", "--trace", str(trace),
+               "--checkpoint-dir", str(tmp_path / "c"))
+    assert done.returncode == 1
+    assert "traceEvents" in json.loads(trace.read_text())
+
+
+# -- 17: no tracebacks --------------------------------------------------------------
+
+def test_resume_from_an_epoch_that_is_not_there_is_one_line(tmp_path):
+    ckpt = str(tmp_path / "c")
+    json_run("--nodes", "1", "--epochs", "2", "--checkpoint-dir", ckpt)
+    done = run("--checkpoint-dir", ckpt, "--resume", "99")
+    assert done.returncode == 1
+    no_traceback(done)
+    [line] = done.stderr.strip().splitlines()
+    assert "--resume 99" in line and "--resume 2" in line, line
+    os.unlink(os.path.join(ckpt, "ps.2"))
+    done = run("--checkpoint-dir", ckpt, "--resume", "2")
+    assert done.returncode == 1
+    no_traceback(done)
+    [line] = done.stderr.strip().splitlines()
+    assert "ps" in line and "--resume 1" in line, line
+
+
+def test_a_closed_stdout_is_one_line(tmp_path):
+    done = subprocess.run(command("--epochs", "1"), stdin=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, timeout=60,
+                          preexec_fn=lambda: os.close(1))
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert "standard output is closed" in line, done.stderr
+
+
+# -- 18: what a failure says -----------------------------------------------------------
+
+def test_a_failing_op_shows_where_in_the_users_code(tmp_path):
+    job = write_job(tmp_path)
+    done = run("--job", f"{job}:broken", "--checkpoint-dir",
+               str(tmp_path / "c"))
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    at = lines.index(error_lines(done.stderr)[0])
+    where = "\n".join(lines[at + 1:])
+    line_no = USER_JOB.splitlines().index(
+        '    raise RuntimeError("the user\'s op broke")') + 1
+    assert f"{job}:{line_no} in explode" in where, done.stderr
+    assert "--log-level DEBUG" in where
+    assert "resume with" not in done.stderr
+    debug = run("--job", f"{job}:broken", "--log-level", "debug",
+                "--checkpoint-dir", str(tmp_path / "d"))
+    assert "Traceback (most recent call last)" in debug.stderr
+    assert "numpy_ops.py" in debug.stderr  # the frames inside localcluster
+
+
+UNPICKLABLE_JOB = USER_JOB + textwrap.dedent('''
+
+    def unpicklable(epochs=2):
+        job, options = build(epochs)
+        with job.epoch_group, Node("worker"), Task():
+            ops.Python(lambda: None)([], [])
+        return job, options
+''')
+
+
+def test_errors_that_recur_give_no_resume_hint(tmp_path):
+    job = write_job(tmp_path, UNPICKLABLE_JOB)
+    ckpt = tmp_path / "c"
+    done = run("--job", f"{job}:unpicklable", "--checkpoint-dir", str(ckpt))
+    assert done.returncode == 1
+    assert os.path.exists(ckpt / "worker.0")  # there was something to resume
+    [line] = error_lines(done.stderr)
+    assert "lambda" in line and "resume with" not in done.stderr, line
+
+
+def test_a_node_death_mentions_max_restarts_and_how_to_resume(tmp_path):
+    job = write_job(tmp_path)
+    done = run("--job", f"{job}:fragile", "--checkpoint-dir",
+               str(tmp_path / "c"))
+    assert done.returncode == 1
+    [line] = error_lines(done.stderr)
+    assert "'worker' died" in line and "--max-restarts" in line, line
+    assert "resume with:" in line
+
+
+# -- 19: bounds and forms of the options --------------------------------------------
+
+@pytest.mark.parametrize("args, expected", [
+    (["--nodes", "100000"], "from 1 to 4096"),
+    (["--nodes", "1e20"], "is not a whole number"),
+    (["--epochs", "100000000000000000000"], "from 1 to 1000000"),
+    (["--threads", "0"], "from 1 to"),
+    (["--log-level", "loud"], "invalid choice"),
+])
+def test_options_out_of_bounds_are_one_line_usage_errors(capsys, args,
+                                                        expected):
+    line = usage_error(capsys, *args)
+    assert line.startswith("python -m localcluster.run: error: argument "
+                           + args[0]) and expected in line, line
+
+
+def test_log_level_takes_any_case():
+    done = run("--print-plan", "--log-level", "info")
+    assert done.returncode == 0, done.stderr
+
+
+def test_print_plan_json_is_json_and_makes_nothing(tmp_path):
+    ckpt = tmp_path / "never"
+    done = run("--print-plan", "--json", "--nodes", "3", "--checkpoint-dir",
+               str(ckpt))
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["nodes"] == ["reader", "trainer_0", "trainer_1",
+                             "trainer_2", "ps"]
+    assert plan["options"]["nodes"] == 3
+    assert any("node trainer_2:" in line for line in plan["plan"])
+    assert not ckpt.exists()
+    done = run("--print-plan", "--checkpoint-dir", str(ckpt))
+    assert done.returncode == 0 and not ckpt.exists()
+
+
+# -- 20: what README promises ----------------------------------------------------------
+
+def test_resume_latest_resumes_from_the_latest_complete_epoch(tmp_path):
+    ckpt = str(tmp_path / "c")
+    json_run("--nodes", "1", "--epochs", "3", "--checkpoint-dir", ckpt)
+    os.unlink(os.path.join(ckpt, "reader.3"))  # epoch 3 is incomplete
+    summary, _ = json_run("--checkpoint-dir", ckpt, "--resume", "latest")
+    assert summary["resumed_from"] == 2
+    assert [e["epoch"] for e in summary["epochs"]] == [3]
