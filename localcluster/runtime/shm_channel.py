@@ -29,10 +29,13 @@ the slots back to the producer.
 
 All of a queue's writers are on one node and all its readers on another
 (the scheduler checks), so each side's words are only written by its own
-process, under a thread lock.  Every wait is one ``select`` on the FIFO
+process, under a thread lock.  Every wait is one ``poll`` on the FIFO
 *and* the run's cancellation fd (`CancelEvent.fileno`): a token, a close
 (which posts wake-up tokens) or a cancelled run -- also a dead peer, as
-the master then cancels the run -- wakes it at once; nothing polls.
+the master then cancels the run -- wakes it at once; nothing polls
+repeatedly.  (``poll``, not ``select``: a node with hundreds of queues
+holds descriptors numbered past select's limit of 1024.)  Each end keeps
+two descriptors (its FIFOs) and no more: mappings keep none (`shm`).
 """
 
 import array
@@ -74,7 +77,9 @@ _BIG = 64 << 10
 
 
 def _fifo(path):
-    return os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    # O_RDWR: never blocks to wait for the other end, and keeps the FIFO's
+    # bytes while this end is open
+    return shm.open_fd(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW)
 
 
 def _read_all(fd, count):
@@ -186,10 +191,16 @@ class ShmChannel:
     def _wait(self, fd, cancelled):
         if self._aborted or (cancelled is not None and cancelled.is_set()):
             raise Cancelled("queue wait ended: the run was cancelled")
+        # a poll object per wait (~1 us, less than a select): threads of a
+        # node may wait on one channel at once, and one poll object cannot
+        # be polled by two threads
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
         if isinstance(cancelled, CancelEvent):
-            select.select([fd, cancelled.fileno()], [], [], SAFETY_WAKE)
+            poller.register(cancelled.fileno(), select.POLLIN)
+            poller.poll(SAFETY_WAKE * 1000)
         else:
-            select.select([fd], [], [], WAIT_SLICE)
+            poller.poll(WAIT_SLICE * 1000)
 
     def _post(self, fd, data):
         try:
