@@ -23,6 +23,12 @@ Descriptors.  A mapping does not keep its file open: `create_segment` and
 object (`_detach_fd`); a process's descriptors then do not grow with its
 blobs, and a process out of descriptors raises its soft limit to its hard
 limit before it fails (`open_fd`).
+
+Space.  A page of a tmpfs file is allocated when it is first touched, and
+on a full /dev/shm that touch is a SIGBUS that kills the process.  So
+`create_segment` reserves the whole segment (``posix_fallocate``) before
+anything is written: a full /dev/shm is a `SharedMemoryFullError` naming
+the blob, its size and the space left.
 """
 
 import ctypes
@@ -37,6 +43,8 @@ import threading
 
 import numpy as np
 import psutil
+
+from ..errors import SharedMemoryFullError
 
 __all__ = ["SHM_DIR", "PREFIX", "session_prefix", "ShmStore",
            "create_segment", "map_segment", "open_fd", "unlink", "sweep",
@@ -173,19 +181,52 @@ else:
 
 # -- segments ------------------------------------------------------------------
 
-def create_segment(name, nbytes):
-    """Create segment ``name`` of ``nbytes`` (>= 1) and map it read-write."""
+def create_segment(name, nbytes, blob=None, what=None):
+    """Create segment ``name`` of ``nbytes`` (>= 1), its memory reserved,
+    and map it read-write.  ``blob`` (a blob name) or ``what`` (a phrase)
+    says what it is for in a `SharedMemoryFullError`."""
     size = max(int(nbytes), 1)
     fd = open_fd(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR |
                  os.O_NOFOLLOW, 0o600)
     try:
-        os.ftruncate(fd, size)
+        _reserve(fd, size, blob,
+                 what or (f"blob {blob!r}" if blob is not None else name))
         return _map(fd, size, mmap.PROT_READ | mmap.PROT_WRITE)
     except BaseException:
         os.unlink(_path(name))
         raise
     finally:
         os.close(fd)
+
+
+def _reserve(fd, size, blob, what):
+    """Allocate the segment's memory now: fail here, not with SIGBUS on
+    the first write to a page that /dev/shm has no room for."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS):
+            os.ftruncate(fd, size)  # cannot reserve here: size it only
+            return
+        if exc.errno not in (errno.ENOSPC, errno.EFBIG):
+            raise
+        fs = os.statvfs(SHM_DIR)
+        free, total = fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
+        raise SharedMemoryFullError(
+            f"no room in {SHM_DIR} for {what}: it needs {_human(size)}, "
+            f"{_human(free)} of {_human(total)} is free; free shared memory "
+            "(stale segments: python -m localcluster.run --cleanup), "
+            f"enlarge {SHM_DIR}, or make the blob smaller",
+            blob=blob, nbytes=size, free=free) from None
+
+
+def _human(n):
+    if n < 1024:
+        return f"{n} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}"
 
 
 def map_segment(name, writable=False, inherit=True):
@@ -313,7 +354,8 @@ class ShmStore(dict):
             return current
         nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
         segment = self._new_name()
-        array = array_on(create_segment(segment, nbytes), tuple(shape), dtype)
+        array = array_on(create_segment(segment, nbytes, blob=name),
+                         tuple(shape), dtype)
         self._drop_segment(name)
         self._segments[name] = segment
         dict.__setitem__(self, name, array)

@@ -108,7 +108,7 @@ class ChannelParts:
     run.  `close` and a sweep of ``prefix`` remove everything.
     """
 
-    def __init__(self, prefix, capacity):
+    def __init__(self, prefix, capacity, queue=None):
         if capacity > MAX_CAPACITY:
             raise PlanError(
                 f"a queue between two nodes holds at most {MAX_CAPACITY} "
@@ -118,12 +118,13 @@ class ChannelParts:
         self.prefix = prefix
         self.capacity = capacity
         self.desc = {"prefix": prefix, "control": prefix + "ctl",
-                     "capacity": capacity}
+                     "capacity": capacity, "queue": queue}
         self._fds = []
         self._words = None
         try:
-            self._control = shm.create_segment(prefix + "ctl",
-                                               _control_size(capacity))
+            self._control = shm.create_segment(
+                prefix + "ctl", _control_size(capacity),
+                what=f"the control words of queue {queue!r}")
             self._words = _words(self._control, capacity)
             for kind in ("free", "full"):
                 path = os.path.join(shm.SHM_DIR, prefix + kind)
@@ -165,6 +166,7 @@ class ShmChannel:
     def __init__(self, desc):
         self.prefix = desc["prefix"]
         self.capacity = desc["capacity"]
+        self.queue = desc.get("queue")
         self._control = shm.map_segment(desc["control"], writable=True)
         self._words = _words(self._control, self.capacity)
         self._ring = _GENERATIONS + self.capacity
@@ -277,10 +279,12 @@ class ShmChannel:
         mapped = self._slots.get(slot)
         if mapped is None or mapped[0] != generation or \
                 len(mapped[1]) < size:
-            if generation:
-                shm.unlink(self._slot_name(slot, generation))
-            generation += 1
+            # the new segment first: if /dev/shm is full, the slot keeps
+            # the one the consumer may still have to map
+            old, generation = generation, generation + 1
             mm = self._map(slot, generation, max(size, 4096))
+            if old:
+                shm.unlink(self._slot_name(slot, old))
             self._words[_GENERATIONS + slot] = generation
         else:
             mm = mapped[1]
@@ -381,8 +385,9 @@ class ShmChannel:
                 (size is None or len(cached[1]) >= size):
             return cached[1]
         name = self._slot_name(slot, generation)
-        mm = (shm.create_segment(name, size) if size is not None
-              else shm.map_segment(name))
+        mm = (shm.create_segment(name, size,
+                                 what=f"a record of queue {self.queue!r}")
+              if size is not None else shm.map_segment(name))
         self._slots[slot] = (generation, mm)
         return mm
 

@@ -74,7 +74,7 @@ class QueueChannels:
             parts = self._parts.get((queue, capacity))
             if parts is None:
                 parts = ChannelParts(f"{self._prefix}q{next(self._seq)}_",
-                                     capacity)
+                                     capacity, queue)
                 self._parts[(queue, capacity)] = parts
             else:
                 parts.reset()

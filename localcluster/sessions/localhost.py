@@ -263,12 +263,16 @@ class LocalHostScheduler(Session):
 
     def feed_blob(self, name, value, node="local"):
         self._check_open()
-        array = feedable(name, value)
+        array = np.asarray(value)
+        if array.dtype.hasobject:
+            feedable(name, value)  # raises: the node keeps numbers only
         node = str(node)
         handle = self._idle_node(node) or self._ensure(
             {node: Cluster.current().node_kwargs().get(node, {})})[0]
+        # copied once, straight into a segment whose memory is reserved
+        # first: a full /dev/shm is an error here, not a SIGBUS
         segment = f"{handle.prefix}m{next(self._feed_seq)}"
-        mm = shm.create_segment(segment, array.nbytes)
+        mm = shm.create_segment(segment, array.nbytes, blob=str(name))
         try:
             np.copyto(shm.array_on(mm, array.shape, array.dtype), array)
             self._request(handle, P.FEED, str(name), segment, array.shape,

@@ -1,5 +1,12 @@
 """Shared memory at its limits: descriptors (a mapping keeps none, queue
-waits work past fd 1024, a low ``ulimit -n``)."""
+waits work past fd 1024, a low ``ulimit -n``) and a full /dev/shm (an
+error naming the blob, never a SIGBUS).
+
+A full /dev/shm is never made for real here -- other processes share it.
+Tests inject ENOSPC into ``os.posix_fallocate`` (forked nodes inherit the
+patch), or ask for more than /dev/shm holds in all, which tmpfs refuses
+before it allocates anything.
+"""
 
 import errno
 import os
@@ -12,7 +19,9 @@ import threading
 import numpy as np
 import pytest
 
-from localcluster.errors import Cancelled
+from localcluster import (Node, Task, TaskFailedError, TaskGroup,
+                          WorkspaceType, ops)
+from localcluster.errors import Cancelled, SharedMemoryFullError
 from localcluster.runtime import shm
 from localcluster.runtime.cancel import CancelEvent
 from localcluster.runtime.shm_channel import ChannelParts, ShmChannel
@@ -182,3 +191,78 @@ def test_many_blobs_and_queues_work_under_ulimit_n_1024():
     lines = done.stdout.split()
     assert done.returncode == 0 and lines[-1:] == ["ok"], done.stderr[-3000:]
     assert not shm.segments(lines[0])
+
+
+# -- a full /dev/shm ----------------------------------------------------------
+
+@pytest.fixture
+def shm_full_from(monkeypatch):
+    """``os.posix_fallocate`` fails with ENOSPC from ``limit`` bytes on (in
+    this process and the nodes it forks from now on)."""
+    real = os.posix_fallocate
+
+    def patch(limit):
+        def fallocate(fd, offset, length):
+            if length >= limit:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real(fd, offset, length)
+        monkeypatch.setattr(os, "posix_fallocate", fallocate)
+    return patch
+
+
+def test_a_full_dev_shm_is_an_error_naming_blob_size_and_free_space(
+        shm_full_from):
+    shm_full_from(1)
+    store = shm.ShmStore(shm.session_prefix() + "full_")
+    try:
+        with pytest.raises(SharedMemoryFullError) as caught:
+            store.put("weights", np.ones(128))
+    finally:
+        store.close()
+    error = caught.value
+    assert "'weights'" in str(error) and "1.0 KiB" in str(error)
+    assert "free" in str(error)
+    assert (error.blob, error.nbytes, error.errno) == \
+        ("weights", 1024, errno.ENOSPC)
+    assert error.free >= 0 and isinstance(error, OSError)
+    assert not shm.segments(store.prefix)
+    assert "weights" not in store
+
+
+def test_a_segment_larger_than_dev_shm_is_refused_before_any_write():
+    fs = os.statvfs(shm.SHM_DIR)
+    total = fs.f_blocks * fs.f_frsize
+    if not total:
+        pytest.skip("/dev/shm has no size limit here")
+    name = shm.session_prefix() + "huge"
+    try:
+        with pytest.raises(SharedMemoryFullError, match="it needs"):
+            shm.create_segment(name, 2 * total)
+        assert not os.path.exists(os.path.join(shm.SHM_DIR, name))
+    finally:
+        shm.unlink(name)
+
+
+def test_a_full_dev_shm_fails_the_op_in_a_node_and_feed_blob_in_the_master(
+        localhost, shm_full_from):
+    shm_full_from(1 << 20)
+    session = localhost(nodes=["n"])  # forked after the patch
+    pid = session.node_pids()["n"]
+    with TaskGroup(WorkspaceType.GLOBAL) as big:
+        with Node("n"), Task():
+            ops.ConstantFill([], ["big"], shape=[1 << 18], value=1.0)
+    with pytest.raises(TaskFailedError) as caught:
+        session.run(big)
+    assert caught.value.cause_type == "SharedMemoryFullError"
+    assert "'big'" in str(caught.value) and "2.0 MiB" in str(caught.value)
+    with pytest.raises(SharedMemoryFullError, match="'w'"):
+        session.feed_blob("w", np.zeros(1 << 18), node="n")
+    # the node lives on (no SIGBUS) and keeps working
+    session.feed_blob("w", np.arange(3.0), node="n")
+    with TaskGroup(WorkspaceType.GLOBAL) as small:
+        with Node("n"), Task():
+            ops.Scale(["w"], ["w2"], scale=2.0)
+    session.run(small)
+    assert session.fetch_blob("w2", "n").tolist() == [0.0, 2.0, 4.0]
+    assert session.node_pids()["n"] == pid
+    assert "big" not in session.blobs("n")
