@@ -2,19 +2,28 @@
 
 One segment per blob: a file in /dev/shm named
 
-    lc_<master pid>_<session token>_<node index>_<incarnation>_<seq>
+    lc_<master pid>_s<master start>_<session token>_<node index>_<seq>_<random>
 
 created by the node that owns the blob (``ShmStore``) or by the master when
 it feeds a value (the node adopts it), and unlinked by the node when the
-blob is replaced or the node shuts down.  The name says whose it is: the
-master sweeps its session's prefix on ``close()`` and after a node dies,
-and any new scheduler removes segments whose master pid is gone (a master
-that was SIGKILLed).  Measured against arenas, a segment per blob costs one
-``ftruncate`` + ``mmap`` (~20 us) when a blob is first created or changes
-shape; every other write is an in-place ``np.copyto``.
+blob is replaced or the node shuts down.  Measured against arenas, a
+segment per blob costs one ``fallocate`` + ``mmap`` (~20 us) when a blob is
+first created or changes shape; every other write is an in-place
+``np.copyto``.  The master maps segments read-only (``map_segment``) to
+fetch blobs without copying them through a pipe.
 
-The master maps segments read-only (``map_segment``) to fetch blobs
-without copying them through a pipe.
+Names.  The head says whose a segment is: the master's pid *and* its start
+time (clock ticks since boot, from ``/proc/<pid>/stat``) -- together they
+name one process exactly, so a pid the kernel gave to a newer process is
+not taken for the owner, and no clocks are compared.  The master sweeps its
+session's prefix on ``close()`` and after a node dies, and any new
+scheduler (or ``--cleanup``) removes this user's segments whose master is
+gone (`sweep_stale`): no such process, a zombie, or another process under
+the same pid.  What it may not remove -- another user's entry, a directory
+-- it skips, saying so at debug level.  Every name the library makes ends
+in a random part and is created exclusively (``O_EXCL``), with a new random
+part when the name is taken (`create_unique`): anyone may create files in
+/dev/shm, and a name nobody can guess cannot be taken first.
 
 Descriptors.  A mapping does not keep its file open: `create_segment` and
 `map_segment` close the descriptor once the segment is mapped.  Python's
@@ -38,31 +47,64 @@ import mmap
 import os
 import resource
 import secrets
+import stat
 import sys
 import threading
+import time
 
 import numpy as np
-import psutil
 
 from ..errors import SharedMemoryFullError
 
 __all__ = ["SHM_DIR", "PREFIX", "session_prefix", "ShmStore",
-           "create_segment", "map_segment", "open_fd", "unlink", "sweep",
-           "sweep_stale", "segments"]
+           "create_segment", "create_unique", "map_segment", "open_fd",
+           "unlink", "sweep", "sweep_stale", "segments"]
 
 log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
 PREFIX = "lc_"
+#: names tried (each with a new random part) before a creation gives up
+CREATE_TRIES = 8
+#: seconds of slack when a name without its master's start time (made by
+#: an older version) is judged by the file's mtime: the start time psutil
+#: and the kernel give is whole-second accurate at best
+_LEGACY_SLACK = 1.0
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
+
+# -- names -------------------------------------------------------------------
 
 def session_prefix():
-    """A new session's prefix: ``lc_<pid>_<token>_``."""
-    return f"{PREFIX}{os.getpid()}_{secrets.token_hex(4)}_"
+    """A new session's prefix: ``lc_<pid>_s<start>_<token>_``."""
+    return (f"{PREFIX}{os.getpid()}_s{_proc_stat(os.getpid())[1]}_"
+            f"{secrets.token_hex(4)}_")
 
 
 def _path(name):
     return os.path.join(SHM_DIR, name)
+
+
+def unique_name(prefix):
+    """``prefix`` and a random part nobody can guess."""
+    return prefix + secrets.token_hex(4)
+
+
+def _owner_of(name):
+    """``(pid, start ticks or None)`` of the master a segment name says
+    made it; None for a name that is none of ours."""
+    fields = name[len(PREFIX):].split("_")
+    try:
+        pid = int(fields[0])
+    except ValueError:
+        return None
+    start = None
+    if len(fields) > 2 and fields[1][:1] == "s":
+        try:
+            start = int(fields[1][1:])
+        except ValueError:
+            pass
+    return pid, start
 
 
 # -- descriptors ---------------------------------------------------------------
@@ -193,10 +235,24 @@ def create_segment(name, nbytes, blob=None, what=None):
                  what or (f"blob {blob!r}" if blob is not None else name))
         return _map(fd, size, mmap.PROT_READ | mmap.PROT_WRITE)
     except BaseException:
-        os.unlink(_path(name))
+        unlink(name)
         raise
     finally:
         os.close(fd)
+
+
+def create_unique(prefix, nbytes, blob=None, what=None):
+    """A new segment named ``prefix`` + a random part: ``(name, mmap)``.
+    A name someone created first is skipped for another."""
+    for _ in range(CREATE_TRIES):
+        name = unique_name(prefix)
+        try:
+            return name, create_segment(name, nbytes, blob, what)
+        except FileExistsError:
+            log.debug("segment name %s is taken; trying another", name)
+    raise FileExistsError(
+        errno.EEXIST, f"{CREATE_TRIES} random segment names in {SHM_DIR} "
+        f"starting {prefix} were all taken")
 
 
 def _reserve(fd, size, blob, what):
@@ -252,10 +308,15 @@ def array_on(mm, shape, dtype):
 
 
 def unlink(name):
+    """Remove ``name``; False if it was not there or may not be removed
+    (another user's entry, a directory: said at debug level)."""
     try:
         os.unlink(_path(name))
         return True
     except FileNotFoundError:
+        return False
+    except OSError as exc:
+        log.debug("cannot remove %s: %s", _path(name), exc)
         return False
 
 
@@ -275,26 +336,60 @@ def sweep(prefix):
     return removed
 
 
-def _owner_alive(pid, created):
+# -- stale segments ------------------------------------------------------------
+
+def _proc_stat(pid):
+    """``(state, start ticks since boot)`` of process ``pid``; None if
+    there is none.  Raises PermissionError where /proc hides it."""
     try:
-        proc = psutil.Process(pid)
-        # A pid reused by a process that started after the segment was
-        # made is not its owner.
-        return proc.create_time() <= created + 1.0
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = data[data.rindex(b")") + 2:].split()
+    return fields[0].decode(), int(fields[19])
+
+
+def _owner_alive(pid, created, start=None):
+    """Whether the master ``pid`` that made a segment lives: a zombie is
+    dead; a process under that pid is the owner if it started at
+    ``start`` (ticks since boot, from the segment's name) or, for a name
+    without it, if it started before the segment's mtime ``created``."""
+    try:
+        found = _proc_stat(pid)
+    except (OSError, ValueError, IndexError):
+        return True  # cannot tell: keep the segment
+    if found is None:
         return False
+    state, started = found
+    if state in ("Z", "X"):
+        return False
+    if start is not None:
+        return started == start
+    boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return boot + started / _CLK_TCK <= created + _LEGACY_SLACK
 
 
 def sweep_stale():
-    """Unlink segments of masters that are gone; returns their names."""
+    """Unlink this user's segments of masters that are gone; returns their
+    names.  Others' entries, and entries that are neither files nor FIFOs,
+    are skipped (debug log)."""
+    uid = os.geteuid()
     removed = []
     for name in segments(PREFIX):
-        try:
-            pid = int(name[len(PREFIX):].split("_", 1)[0])
-            created = os.stat(_path(name)).st_mtime
-        except (ValueError, FileNotFoundError):
+        owner = _owner_of(name)
+        if owner is None:
             continue
-        if not _owner_alive(pid, created) and unlink(name):
+        try:
+            st = os.lstat(_path(name))
+        except FileNotFoundError:
+            continue
+        if st.st_uid != uid or not (stat.S_ISREG(st.st_mode) or
+                                    stat.S_ISFIFO(st.st_mode)):
+            log.debug("not sweeping %s: another user's, or not a segment",
+                      _path(name))
+            continue
+        if not _owner_alive(owner[0], st.st_mtime, owner[1]) and unlink(name):
             removed.append(name)
     if removed:
         log.info("removed %d stale shared-memory segment(s) of dead masters",
@@ -324,10 +419,6 @@ class ShmStore(dict):
     def segment_of(self, name):
         return self._segments.get(name)
 
-    def _new_name(self):
-        self._seq += 1
-        return f"{self.prefix}{self._seq}"
-
     def put(self, name, value):
         value = value if isinstance(value, np.ndarray) else np.asarray(value)
         current = dict.get(self, name)
@@ -353,9 +444,10 @@ class ShmStore(dict):
                 current.shape == tuple(shape) and current.dtype == dtype:
             return current
         nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-        segment = self._new_name()
-        array = array_on(create_segment(segment, nbytes, blob=name),
-                         tuple(shape), dtype)
+        self._seq += 1
+        segment, mm = create_unique(f"{self.prefix}{self._seq}_", nbytes,
+                                    blob=name)
+        array = array_on(mm, tuple(shape), dtype)
         self._drop_segment(name)
         self._segments[name] = segment
         dict.__setitem__(self, name, array)

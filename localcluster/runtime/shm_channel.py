@@ -34,14 +34,20 @@ process, under a thread lock.  Every wait is one ``poll`` on the FIFO
 (which posts wake-up tokens) or a cancelled run -- also a dead peer, as
 the master then cancels the run -- wakes it at once; nothing polls
 repeatedly.  (``poll``, not ``select``: a node with hundreds of queues
-holds descriptors numbered past select's limit of 1024.)  Each end keeps
-two descriptors (its FIFOs) and no more: mappings keep none (`shm`).
+holds descriptors numbered past select's limit of 1024.)
+
+Every name a channel makes ends in a random part -- the master's prefix,
+and a slot segment's generation, a random number (not a count) -- so that
+nobody can create it first in the world-writable /dev/shm; a name that is
+taken is retried with another.  Each end keeps two descriptors (its FIFOs)
+and no more: mappings keep none (`shm`).
 """
 
 import array
 import fcntl
 import os
 import pickle
+import secrets
 import select
 import struct
 import termios
@@ -281,8 +287,8 @@ class ShmChannel:
                 len(mapped[1]) < size:
             # the new segment first: if /dev/shm is full, the slot keeps
             # the one the consumer may still have to map
-            old, generation = generation, generation + 1
-            mm = self._map(slot, generation, max(size, 4096))
+            old = generation
+            generation, mm = self._new_slot(slot, max(size, 4096), old)
             if old:
                 shm.unlink(self._slot_name(slot, old))
             self._words[_GENERATIONS + slot] = generation
@@ -377,17 +383,35 @@ class ShmChannel:
     # -- both ---------------------------------------------------------------
 
     def _slot_name(self, slot, generation):
-        return f"{self.prefix}s{slot}_g{generation}"
+        return f"{self.prefix}s{slot}_g{generation:x}"
 
-    def _map(self, slot, generation, size=None):
+    def _new_slot(self, slot, size, old):
+        """A new segment for ``slot`` (producer side): ``(generation,
+        mmap)``, the generation random -- nonzero, not ``old`` -- so that
+        the segment's name cannot be guessed (and taken) first."""
+        for _ in range(shm.CREATE_TRIES):
+            generation = secrets.randbits(62)
+            if generation in (0, old):
+                continue
+            try:
+                mm = shm.create_segment(
+                    self._slot_name(slot, generation), size,
+                    what=f"a record of queue {self.queue!r}")
+            except FileExistsError:
+                continue
+            self._slots[slot] = (generation, mm)
+            return generation, mm
+        raise FileExistsError(
+            f"{shm.CREATE_TRIES} random names for a slot of queue "
+            f"{self.queue!r} were all taken in {shm.SHM_DIR}")
+
+    def _map(self, slot, generation):
+        """The mapping of the producer's segment for ``slot`` (consumer
+        side)."""
         cached = self._slots.get(slot)
-        if cached is not None and cached[0] == generation and \
-                (size is None or len(cached[1]) >= size):
+        if cached is not None and cached[0] == generation:
             return cached[1]
-        name = self._slot_name(slot, generation)
-        mm = (shm.create_segment(name, size,
-                                 what=f"a record of queue {self.queue!r}")
-              if size is not None else shm.map_segment(name))
+        mm = shm.map_segment(self._slot_name(slot, generation))
         self._slots[slot] = (generation, mm)
         return mm
 

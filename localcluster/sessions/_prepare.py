@@ -14,6 +14,7 @@ import weakref
 
 from ..plan.packing import pack_plan
 from ..plan.validate import check_cross_node_queues, queues_of
+from ..runtime import shm
 from ..runtime.host import PLAN_CACHE
 from ..runtime.shm_channel import ChannelParts
 from . import _protocol as P
@@ -73,13 +74,25 @@ class QueueChannels:
         for queue, capacity in sorted(shared.items()):
             parts = self._parts.get((queue, capacity))
             if parts is None:
-                parts = ChannelParts(f"{self._prefix}q{next(self._seq)}_",
-                                     capacity, queue)
+                parts = self._make(queue, capacity)
                 self._parts[(queue, capacity)] = parts
             else:
                 parts.reset()
             channels[queue] = parts.desc
         return channels
+
+    def _make(self, queue, capacity):
+        """A new channel under a prefix nobody can guess (a name someone
+        created first is skipped for another)."""
+        for _ in range(shm.CREATE_TRIES):
+            prefix = shm.unique_name(f"{self._prefix}q{next(self._seq)}_")
+            try:
+                return ChannelParts(prefix + "_", capacity, queue)
+            except FileExistsError:
+                continue
+        raise FileExistsError(
+            f"{shm.CREATE_TRIES} random names for the channel of queue "
+            f"{queue!r} were all taken in {shm.SHM_DIR}")
 
     def close(self):
         for parts in self._parts.values():

@@ -271,8 +271,9 @@ class LocalHostScheduler(Session):
             {node: Cluster.current().node_kwargs().get(node, {})})[0]
         # copied once, straight into a segment whose memory is reserved
         # first: a full /dev/shm is an error here, not a SIGBUS
-        segment = f"{handle.prefix}m{next(self._feed_seq)}"
-        mm = shm.create_segment(segment, array.nbytes, blob=str(name))
+        segment, mm = shm.create_unique(
+            f"{handle.prefix}m{next(self._feed_seq)}_", array.nbytes,
+            blob=str(name))
         try:
             np.copyto(shm.array_on(mm, array.shape, array.dtype), array)
             self._request(handle, P.FEED, str(name), segment, array.shape,
