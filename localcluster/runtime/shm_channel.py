@@ -40,7 +40,9 @@ Every name a channel makes ends in a random part -- the master's prefix,
 and a slot segment's generation, a random number (not a count) -- so that
 nobody can create it first in the world-writable /dev/shm; a name that is
 taken is retried with another.  Each end keeps two descriptors (its FIFOs)
-and no more: mappings keep none (`shm`).
+and no more: mappings keep none (`shm`).  A channel lives until the
+master releases it (`ChannelParts.close`, then `ShmChannel.release` on
+each node); slot segments then go with the master's sweep of its prefix.
 """
 
 import array

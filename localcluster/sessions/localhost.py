@@ -195,15 +195,16 @@ class LocalHostScheduler(Session):
             raise error
         handles = self._ensure({p.node: p.node_kwargs for p in plans})
         rid = next(self._rids)
-        channels = self._queues.for_run(shared)
+        channels = self._queues.for_run(shared, plans, prepared)
         state = driver.start([h.name for h in handles], rid,
                              time.monotonic(), timeout)
         io = _ProcessRunIO(self, state, handles)
         options = {"trace": self.trace_steps}
         for handle in handles:
             try:
-                handle.send(run_message(handle, rid, prepared[handle.name],
-                                        channels, options))
+                handle.send(run_message(
+                    handle, rid, prepared[handle.name], channels,
+                    self._queues.options_for(handle.name, options)))
                 handle.state = NodeState.RUNNING
             except (OSError, EOFError):
                 driver.apply(state, (driver.DIED, handle.name, self._death(
