@@ -12,6 +12,8 @@ text and becomes the ``__cause__`` of the error raised in the master
 (`RemoteTraceback`), the way ``concurrent.futures`` does it.
 """
 
+import errno
+
 __all__ = [
     "LocalClusterError",
     "PlanError",
@@ -22,6 +24,7 @@ __all__ = [
     "SessionClosedError",
     "RunTimeoutError",
     "BlobNotFoundError",
+    "SharedMemoryFullError",
     "RemoteTraceback",
     "Cancelled",
 ]
@@ -49,6 +52,32 @@ class BlobNotFoundError(LocalClusterError, KeyError):
     def __str__(self):
         # KeyError would repr() the message and wrap it in quotes.
         return self.args[0]
+
+
+class SharedMemoryFullError(LocalClusterError, OSError):
+    """/dev/shm has no room for a blob's segment (``errno`` ENOSPC).
+
+    Raised where the segment is made -- the master's ``feed_blob``, or an
+    op's output in a node, which fails as that op's `TaskFailedError` --
+    instead of the SIGBUS a write to memory that tmpfs cannot back would
+    be.  ``blob`` names what needed the room, ``nbytes`` how much, and
+    ``free`` what /dev/shm had left (bytes)."""
+
+    def __init__(self, message, *, blob=None, nbytes=None, free=None):
+        super().__init__(message)
+        self.errno = errno.ENOSPC
+        self.blob = blob
+        self.nbytes = nbytes
+        self.free = free
+
+    def __reduce__(self):
+        return (_rebuild_shm_full, (self.args[0], self.__dict__.copy()))
+
+
+def _rebuild_shm_full(message, state):
+    err = SharedMemoryFullError(message)
+    err.__dict__.update(state)
+    return err
 
 
 class RemoteTraceback(Exception):

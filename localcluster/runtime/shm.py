@@ -2,59 +2,287 @@
 
 One segment per blob: a file in /dev/shm named
 
-    lc_<master pid>_<session token>_<node index>_<incarnation>_<seq>
+    lc_<master pid>_s<master start>_<session token>_<node index>_<seq>_<random>
 
 created by the node that owns the blob (``ShmStore``) or by the master when
 it feeds a value (the node adopts it), and unlinked by the node when the
-blob is replaced or the node shuts down.  The name says whose it is: the
-master sweeps its session's prefix on ``close()`` and after a node dies,
-and any new scheduler removes segments whose master pid is gone (a master
-that was SIGKILLed).  Measured against arenas, a segment per blob costs one
-``ftruncate`` + ``mmap`` (~20 us) when a blob is first created or changes
-shape; every other write is an in-place ``np.copyto``.
+blob is replaced or the node shuts down.  Measured against arenas, a
+segment per blob costs one ``fallocate`` + ``mmap`` (~20 us) when a blob is
+first created or changes shape; every other write is an in-place
+``np.copyto``.  The master maps segments read-only (``map_segment``) to
+fetch blobs without copying them through a pipe.
 
-The master maps segments read-only (``map_segment``) to fetch blobs
-without copying them through a pipe.
+Names.  The head says whose a segment is: the master's pid *and* its start
+time (clock ticks since boot, from ``/proc/<pid>/stat``) -- together they
+name one process exactly, so a pid the kernel gave to a newer process is
+not taken for the owner, and no clocks are compared.  The master sweeps its
+session's prefix on ``close()`` and after a node dies, and any new
+scheduler (or ``--cleanup``) removes this user's segments whose master is
+gone (`sweep_stale`): no such process, a zombie, or another process under
+the same pid.  What it may not remove -- another user's entry, a directory
+-- it skips, saying so at debug level.  Every name the library makes ends
+in a random part and is created exclusively (``O_EXCL``), with a new random
+part when the name is taken (`create_unique`): anyone may create files in
+/dev/shm, and a name nobody can guess cannot be taken first.
+
+Descriptors.  A mapping does not keep its file open: `create_segment` and
+`map_segment` close the descriptor once the segment is mapped.  Python's
+``mmap`` keeps a duplicate of it for the mapping's life (until 3.13's
+``trackfd=False``), so on older versions the duplicate is detached from the
+object (`_detach_fd`); a process's descriptors then do not grow with its
+blobs, and a process out of descriptors raises its soft limit to its hard
+limit before it fails (`open_fd`).
+
+Space.  A page of a tmpfs file is allocated when it is first touched, and
+on a full /dev/shm that touch is a SIGBUS that kills the process.  So
+`create_segment` reserves the whole segment (``posix_fallocate``) before
+anything is written: a full /dev/shm is a `SharedMemoryFullError` naming
+the blob, its size and the space left.
 """
 
+import ctypes
+import errno
 import logging
 import mmap
 import os
+import resource
 import secrets
+import stat
+import sys
+import threading
+import time
 
 import numpy as np
-import psutil
+
+from ..errors import SharedMemoryFullError
 
 __all__ = ["SHM_DIR", "PREFIX", "session_prefix", "ShmStore",
-           "create_segment", "map_segment", "unlink", "sweep",
-           "sweep_stale", "segments"]
+           "create_segment", "create_unique", "map_segment", "open_fd",
+           "unlink", "sweep", "sweep_stale", "segments"]
 
 log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
 PREFIX = "lc_"
+#: names tried (each with a new random part) before a creation gives up
+CREATE_TRIES = 8
+#: seconds of slack when a name without its master's start time (made by
+#: an older version) is judged by the file's mtime: the start time psutil
+#: and the kernel give is whole-second accurate at best
+_LEGACY_SLACK = 1.0
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
+
+# -- names -------------------------------------------------------------------
 
 def session_prefix():
-    """A new session's prefix: ``lc_<pid>_<token>_``."""
-    return f"{PREFIX}{os.getpid()}_{secrets.token_hex(4)}_"
+    """A new session's prefix: ``lc_<pid>_s<start>_<token>_``."""
+    return (f"{PREFIX}{os.getpid()}_s{_proc_stat(os.getpid())[1]}_"
+            f"{secrets.token_hex(4)}_")
 
 
 def _path(name):
     return os.path.join(SHM_DIR, name)
 
 
-def create_segment(name, nbytes):
-    """Create segment ``name`` of ``nbytes`` (>= 1) and map it read-write."""
-    fd = os.open(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+def unique_name(prefix):
+    """``prefix`` and a random part nobody can guess."""
+    return prefix + secrets.token_hex(4)
+
+
+def _owner_of(name):
+    """``(pid, start ticks or None)`` of the master a segment name says
+    made it; None for a name that is none of ours."""
+    fields = name[len(PREFIX):].split("_")
     try:
-        os.ftruncate(fd, max(int(nbytes), 1))
-        return mmap.mmap(fd, max(int(nbytes), 1))
+        pid = int(fields[0])
+    except ValueError:
+        return None
+    start = None
+    if len(fields) > 2 and fields[1][:1] == "s":
+        try:
+            start = int(fields[1][1:])
+        except ValueError:
+            pass
+    return pid, start
+
+
+# -- descriptors ---------------------------------------------------------------
+
+def open_fd(path, flags, mode=0o600):
+    """``os.open``; out of descriptors (EMFILE), the process's soft limit is
+    raised to its hard limit and the open tried once more -- the soft
+    limit (often 1024) is kept low for programs that ``select()``, which
+    this one does not -- else an EMFILE that says what holds them."""
+    try:
+        return os.open(path, flags, mode)
+    except OSError as exc:
+        if exc.errno != errno.EMFILE:
+            raise
+        if _raise_fd_limit():
+            return os.open(path, flags, mode)
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        raise OSError(
+            errno.EMFILE,
+            f"out of file descriptors opening {path} (this process may "
+            f"have {soft} open: raise `ulimit -n`); every queue between two "
+            "node processes keeps 2 open in the master and in each of its "
+            "nodes") from exc
+
+
+def _raise_fd_limit():
+    """Raise RLIMIT_NOFILE's soft limit to the hard one; False if there is
+    no headroom."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft >= target:
+        return False
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return False
+    log.info("out of file descriptors: raised this process's limit from %d "
+             "to %d", soft, target)
+    return True
+
+
+_fd_field = None
+_fd_field_lock = threading.Lock()
+
+
+def _fd_field_offset():
+    """Where a CPython ``mmap`` object keeps its duplicate descriptor (a
+    C int), found once in three probe mappings; -1 if not found exactly
+    (then mappings keep their descriptor: correct, only hungrier)."""
+    global _fd_field
+    with _fd_field_lock:
+        if _fd_field is None:
+            _fd_field = _find_fd_field()
+        return _fd_field
+
+
+def _dup_of(fd, value):
+    """Whether descriptor ``value`` is another than ``fd`` on its file."""
+    if value < 0 or value == fd or value > 1 << 24:
+        return False
+    try:
+        mine, other = os.fstat(fd), os.fstat(value)
+    except OSError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (other.st_dev, other.st_ino)
+
+
+def _find_fd_field():
+    if sys.implementation.name != "cpython":
+        return -1
+    fds, maps, found = [], [], None
+    try:
+        for _ in range(3):
+            fds.append(os.memfd_create("lc-probe", os.MFD_CLOEXEC))
+            os.ftruncate(fds[-1], mmap.PAGESIZE)
+            maps.append(mmap.mmap(fds[-1], mmap.PAGESIZE))
+            raw = ctypes.string_at(id(maps[-1]), type(maps[-1]).__basicsize__)
+            here = {offset for offset in range(0, len(raw) - 3, 4)
+                    if _dup_of(fds[-1], int.from_bytes(
+                        raw[offset:offset + 4], sys.byteorder, signed=True))}
+            found = here if found is None else found & here
+    except (OSError, ValueError):
+        return -1
+    finally:
+        for mm in maps:
+            mm.close()
+        for fd in fds:
+            os.close(fd)
+    return found.pop() if found is not None and len(found) == 1 else -1
+
+
+def _detach_fd(mm, fd):
+    """Close the duplicate of ``fd`` that ``mm`` keeps, leaving it an
+    fd-less mapping -- the state CPython gives an anonymous map, whose
+    close and unmap skip fd -1.  Checked: the field must hold another
+    descriptor on ``fd``'s file."""
+    offset = _fd_field_offset()
+    if offset < 0:
+        return
+    field = ctypes.c_int.from_address(id(mm) + offset)
+    dup = field.value
+    if _dup_of(fd, dup):
+        field.value = -1
+        os.close(dup)
+
+
+if sys.version_info >= (3, 13):
+    def _map(fd, size, prot):
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, prot, trackfd=False)
+else:
+    def _map(fd, size, prot):
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+        _detach_fd(mm, fd)
+        return mm
+
+
+# -- segments ------------------------------------------------------------------
+
+def create_segment(name, nbytes, blob=None, what=None):
+    """Create segment ``name`` of ``nbytes`` (>= 1), its memory reserved,
+    and map it read-write.  ``blob`` (a blob name) or ``what`` (a phrase)
+    says what it is for in a `SharedMemoryFullError`."""
+    size = max(int(nbytes), 1)
+    fd = open_fd(_path(name), os.O_CREAT | os.O_EXCL | os.O_RDWR |
+                 os.O_NOFOLLOW, 0o600)
+    try:
+        _reserve(fd, size, blob,
+                 what or (f"blob {blob!r}" if blob is not None else name))
+        return _map(fd, size, mmap.PROT_READ | mmap.PROT_WRITE)
     except BaseException:
-        os.unlink(_path(name))
+        unlink(name)
         raise
     finally:
         os.close(fd)
+
+
+def create_unique(prefix, nbytes, blob=None, what=None):
+    """A new segment named ``prefix`` + a random part: ``(name, mmap)``.
+    A name someone created first is skipped for another."""
+    for _ in range(CREATE_TRIES):
+        name = unique_name(prefix)
+        try:
+            return name, create_segment(name, nbytes, blob, what)
+        except FileExistsError:
+            log.debug("segment name %s is taken; trying another", name)
+    raise FileExistsError(
+        errno.EEXIST, f"{CREATE_TRIES} random segment names in {SHM_DIR} "
+        f"starting {prefix} were all taken")
+
+
+def _reserve(fd, size, blob, what):
+    """Allocate the segment's memory now: fail here, not with SIGBUS on
+    the first write to a page that /dev/shm has no room for."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS):
+            os.ftruncate(fd, size)  # cannot reserve here: size it only
+            return
+        if exc.errno not in (errno.ENOSPC, errno.EFBIG):
+            raise
+        fs = os.statvfs(SHM_DIR)
+        free, total = fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
+        raise SharedMemoryFullError(
+            f"no room in {SHM_DIR} for {what}: it needs {_human(size)}, "
+            f"{_human(free)} of {_human(total)} is free; free shared memory "
+            "(stale segments: python -m localcluster.run --cleanup), "
+            f"enlarge {SHM_DIR}, or make the blob smaller",
+            blob=blob, nbytes=size, free=free) from None
+
+
+def _human(n):
+    if n < 1024:
+        return f"{n} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}"
 
 
 def map_segment(name, writable=False, inherit=True):
@@ -62,11 +290,11 @@ def map_segment(name, writable=False, inherit=True):
 
     ``inherit=False`` keeps the mapping out of processes forked later (the
     master's mappings must not pin memory in every node it starts)."""
-    fd = os.open(_path(name), os.O_RDWR if writable else os.O_RDONLY)
+    fd = open_fd(_path(name), os.O_RDWR if writable else os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+        mm = _map(fd, size, prot)
     finally:
         os.close(fd)
     if not inherit and hasattr(mmap, "MADV_DONTFORK"):
@@ -80,10 +308,15 @@ def array_on(mm, shape, dtype):
 
 
 def unlink(name):
+    """Remove ``name``; False if it was not there or may not be removed
+    (another user's entry, a directory: said at debug level)."""
     try:
         os.unlink(_path(name))
         return True
     except FileNotFoundError:
+        return False
+    except OSError as exc:
+        log.debug("cannot remove %s: %s", _path(name), exc)
         return False
 
 
@@ -103,26 +336,60 @@ def sweep(prefix):
     return removed
 
 
-def _owner_alive(pid, created):
+# -- stale segments ------------------------------------------------------------
+
+def _proc_stat(pid):
+    """``(state, start ticks since boot)`` of process ``pid``; None if
+    there is none.  Raises PermissionError where /proc hides it."""
     try:
-        proc = psutil.Process(pid)
-        # A pid reused by a process that started after the segment was
-        # made is not its owner.
-        return proc.create_time() <= created + 1.0
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = data[data.rindex(b")") + 2:].split()
+    return fields[0].decode(), int(fields[19])
+
+
+def _owner_alive(pid, created, start=None):
+    """Whether the master ``pid`` that made a segment lives: a zombie is
+    dead; a process under that pid is the owner if it started at
+    ``start`` (ticks since boot, from the segment's name) or, for a name
+    without it, if it started before the segment's mtime ``created``."""
+    try:
+        found = _proc_stat(pid)
+    except (OSError, ValueError, IndexError):
+        return True  # cannot tell: keep the segment
+    if found is None:
         return False
+    state, started = found
+    if state in ("Z", "X"):
+        return False
+    if start is not None:
+        return started == start
+    boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return boot + started / _CLK_TCK <= created + _LEGACY_SLACK
 
 
 def sweep_stale():
-    """Unlink segments of masters that are gone; returns their names."""
+    """Unlink this user's segments of masters that are gone; returns their
+    names.  Others' entries, and entries that are neither files nor FIFOs,
+    are skipped (debug log)."""
+    uid = os.geteuid()
     removed = []
     for name in segments(PREFIX):
-        try:
-            pid = int(name[len(PREFIX):].split("_", 1)[0])
-            created = os.stat(_path(name)).st_mtime
-        except (ValueError, FileNotFoundError):
+        owner = _owner_of(name)
+        if owner is None:
             continue
-        if not _owner_alive(pid, created) and unlink(name):
+        try:
+            st = os.lstat(_path(name))
+        except FileNotFoundError:
+            continue
+        if st.st_uid != uid or not (stat.S_ISREG(st.st_mode) or
+                                    stat.S_ISFIFO(st.st_mode)):
+            log.debug("not sweeping %s: another user's, or not a segment",
+                      _path(name))
+            continue
+        if not _owner_alive(owner[0], st.st_mtime, owner[1]) and unlink(name):
             removed.append(name)
     if removed:
         log.info("removed %d stale shared-memory segment(s) of dead masters",
@@ -152,10 +419,6 @@ class ShmStore(dict):
     def segment_of(self, name):
         return self._segments.get(name)
 
-    def _new_name(self):
-        self._seq += 1
-        return f"{self.prefix}{self._seq}"
-
     def put(self, name, value):
         value = value if isinstance(value, np.ndarray) else np.asarray(value)
         current = dict.get(self, name)
@@ -181,8 +444,10 @@ class ShmStore(dict):
                 current.shape == tuple(shape) and current.dtype == dtype:
             return current
         nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-        segment = self._new_name()
-        array = array_on(create_segment(segment, nbytes), tuple(shape), dtype)
+        self._seq += 1
+        segment, mm = create_unique(f"{self.prefix}{self._seq}_", nbytes,
+                                    blob=name)
+        array = array_on(mm, tuple(shape), dtype)
         self._drop_segment(name)
         self._segments[name] = segment
         dict.__setitem__(self, name, array)

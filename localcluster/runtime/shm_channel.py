@@ -29,16 +29,27 @@ the slots back to the producer.
 
 All of a queue's writers are on one node and all its readers on another
 (the scheduler checks), so each side's words are only written by its own
-process, under a thread lock.  Every wait is one ``select`` on the FIFO
+process, under a thread lock.  Every wait is one ``poll`` on the FIFO
 *and* the run's cancellation fd (`CancelEvent.fileno`): a token, a close
 (which posts wake-up tokens) or a cancelled run -- also a dead peer, as
-the master then cancels the run -- wakes it at once; nothing polls.
+the master then cancels the run -- wakes it at once; nothing polls
+repeatedly.  (``poll``, not ``select``: a node with hundreds of queues
+holds descriptors numbered past select's limit of 1024.)
+
+Every name a channel makes ends in a random part -- the master's prefix,
+and a slot segment's generation, a random number (not a count) -- so that
+nobody can create it first in the world-writable /dev/shm; a name that is
+taken is retried with another.  Each end keeps two descriptors (its FIFOs)
+and no more: mappings keep none (`shm`).  A channel lives until the
+master releases it (`ChannelParts.close`, then `ShmChannel.release` on
+each node); slot segments then go with the master's sweep of its prefix.
 """
 
 import array
 import fcntl
 import os
 import pickle
+import secrets
 import select
 import struct
 import termios
@@ -74,7 +85,9 @@ _BIG = 64 << 10
 
 
 def _fifo(path):
-    return os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    # O_RDWR: never blocks to wait for the other end, and keeps the FIFO's
+    # bytes while this end is open
+    return shm.open_fd(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW)
 
 
 def _read_all(fd, count):
@@ -103,7 +116,7 @@ class ChannelParts:
     run.  `close` and a sweep of ``prefix`` remove everything.
     """
 
-    def __init__(self, prefix, capacity):
+    def __init__(self, prefix, capacity, queue=None):
         if capacity > MAX_CAPACITY:
             raise PlanError(
                 f"a queue between two nodes holds at most {MAX_CAPACITY} "
@@ -113,12 +126,13 @@ class ChannelParts:
         self.prefix = prefix
         self.capacity = capacity
         self.desc = {"prefix": prefix, "control": prefix + "ctl",
-                     "capacity": capacity}
+                     "capacity": capacity, "queue": queue}
         self._fds = []
         self._words = None
         try:
-            self._control = shm.create_segment(prefix + "ctl",
-                                               _control_size(capacity))
+            self._control = shm.create_segment(
+                prefix + "ctl", _control_size(capacity),
+                what=f"the control words of queue {queue!r}")
             self._words = _words(self._control, capacity)
             for kind in ("free", "full"):
                 path = os.path.join(shm.SHM_DIR, prefix + kind)
@@ -160,6 +174,7 @@ class ShmChannel:
     def __init__(self, desc):
         self.prefix = desc["prefix"]
         self.capacity = desc["capacity"]
+        self.queue = desc.get("queue")
         self._control = shm.map_segment(desc["control"], writable=True)
         self._words = _words(self._control, self.capacity)
         self._ring = _GENERATIONS + self.capacity
@@ -186,10 +201,16 @@ class ShmChannel:
     def _wait(self, fd, cancelled):
         if self._aborted or (cancelled is not None and cancelled.is_set()):
             raise Cancelled("queue wait ended: the run was cancelled")
+        # a poll object per wait (~1 us, less than a select): threads of a
+        # node may wait on one channel at once, and one poll object cannot
+        # be polled by two threads
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
         if isinstance(cancelled, CancelEvent):
-            select.select([fd, cancelled.fileno()], [], [], SAFETY_WAKE)
+            poller.register(cancelled.fileno(), select.POLLIN)
+            poller.poll(SAFETY_WAKE * 1000)
         else:
-            select.select([fd], [], [], WAIT_SLICE)
+            poller.poll(WAIT_SLICE * 1000)
 
     def _post(self, fd, data):
         try:
@@ -266,10 +287,12 @@ class ShmChannel:
         mapped = self._slots.get(slot)
         if mapped is None or mapped[0] != generation or \
                 len(mapped[1]) < size:
-            if generation:
-                shm.unlink(self._slot_name(slot, generation))
-            generation += 1
-            mm = self._map(slot, generation, max(size, 4096))
+            # the new segment first: if /dev/shm is full, the slot keeps
+            # the one the consumer may still have to map
+            old = generation
+            generation, mm = self._new_slot(slot, max(size, 4096), old)
+            if old:
+                shm.unlink(self._slot_name(slot, old))
             self._words[_GENERATIONS + slot] = generation
         else:
             mm = mapped[1]
@@ -362,16 +385,35 @@ class ShmChannel:
     # -- both ---------------------------------------------------------------
 
     def _slot_name(self, slot, generation):
-        return f"{self.prefix}s{slot}_g{generation}"
+        return f"{self.prefix}s{slot}_g{generation:x}"
 
-    def _map(self, slot, generation, size=None):
+    def _new_slot(self, slot, size, old):
+        """A new segment for ``slot`` (producer side): ``(generation,
+        mmap)``, the generation random -- nonzero, not ``old`` -- so that
+        the segment's name cannot be guessed (and taken) first."""
+        for _ in range(shm.CREATE_TRIES):
+            generation = secrets.randbits(62)
+            if generation in (0, old):
+                continue
+            try:
+                mm = shm.create_segment(
+                    self._slot_name(slot, generation), size,
+                    what=f"a record of queue {self.queue!r}")
+            except FileExistsError:
+                continue
+            self._slots[slot] = (generation, mm)
+            return generation, mm
+        raise FileExistsError(
+            f"{shm.CREATE_TRIES} random names for a slot of queue "
+            f"{self.queue!r} were all taken in {shm.SHM_DIR}")
+
+    def _map(self, slot, generation):
+        """The mapping of the producer's segment for ``slot`` (consumer
+        side)."""
         cached = self._slots.get(slot)
-        if cached is not None and cached[0] == generation and \
-                (size is None or len(cached[1]) >= size):
+        if cached is not None and cached[0] == generation:
             return cached[1]
-        name = self._slot_name(slot, generation)
-        mm = (shm.create_segment(name, size) if size is not None
-              else shm.map_segment(name))
+        mm = shm.map_segment(self._slot_name(slot, generation))
         self._slots[slot] = (generation, mm)
         return mm
 

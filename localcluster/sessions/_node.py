@@ -98,10 +98,20 @@ def node_main(spec, conn, log_conn):
 class _ShmChannels:
     """The channel factory of a node process: a queue the master made a
     shared-memory channel for is that channel (this node's end, kept
-    across runs); any other queue is in-process."""
+    across runs until the master says to `release` it); any other queue
+    is in-process."""
 
     def __init__(self):
         self.kept = {}   # channel prefix -> ShmChannel
+
+    def release(self, prefixes):
+        """Drop the channels the master released (between runs: none of
+        them is in use); unknown prefixes -- channels this incarnation
+        never opened -- are ignored."""
+        for prefix in prefixes:
+            channel = self.kept.pop(prefix, None)
+            if channel is not None:
+                channel.release()
 
     def __call__(self, queue_id, capacity, descriptors):
         desc = descriptors.get(queue_id) if descriptors else None
@@ -120,8 +130,9 @@ class _NodeServer:
         self.output = output
         self.conn = conn
         self.store = shm.ShmStore(spec.prefix)
+        self.channels = _ShmChannels()
         self.runtime = NodeRuntime(spec.name, store=self.store,
-                                   channel_factory=_ShmChannels())
+                                   channel_factory=self.channels)
         self.control = shm.map_segment(spec.control)
         self.control_word = np.ndarray(1, np.int64, buffer=self.control)
         self.wakeups = queue.SimpleQueue()
@@ -243,7 +254,11 @@ class _NodeServer:
 
     def run(self, rid, plan_id, plan_bytes, channels, options=None):
         """Run a plan (sent now, or kept from an earlier run: the master
-        mirrors the runtime's plan cache -- same size, same eviction)."""
+        mirrors the runtime's plan cache -- same size, same eviction),
+        after releasing the queue channels the master no longer uses."""
+        options = options or {}
+        if "release" in options:
+            self.channels.release(options["release"])
         if plan_bytes is not None:
             try:
                 plan = unpack_plan(plan_bytes)
@@ -253,7 +268,7 @@ class _NodeServer:
         # a cancel signalled before this run began counts for it
         self.runtime.cancel(int(self.control_word[0]))
         result = self.runtime.run(rid, plan_id, channels,
-                                  bool((options or {}).get("trace")),
+                                  bool(options.get("trace")),
                                   copy_outputs=False)
         return {"outputs": self.outbox.pack(result.outputs),
                 "seconds": result.seconds, "trace": result.trace}

@@ -5,8 +5,9 @@ the first time it runs, then kept for as long as the plan lives
 (`Prepared`); a node that already holds a plan is sent only its id (each
 `NodeHandle` mirrors its node's plan cache: same size, same eviction).
 A queue used on more than one node gets a shared-memory channel
-(`ChannelParts`), made on first use and reset -- empty and open -- for
-every run (`QueueChannels`).
+(`ChannelParts`), made on first use, reset -- empty and open -- for every
+run, and released once no plan the session keeps names its queue
+(`QueueChannels`).
 """
 
 import itertools
@@ -14,6 +15,7 @@ import weakref
 
 from ..plan.packing import pack_plan
 from ..plan.validate import check_cross_node_queues, queues_of
+from ..runtime import shm
 from ..runtime.host import PLAN_CACHE
 from ..runtime.shm_channel import ChannelParts
 from . import _protocol as P
@@ -59,29 +61,100 @@ def run_message(handle, rid, prepared, channels, options):
 
 
 class QueueChannels:
-    """The shared-memory channels of a scheduler's cross-node queues."""
+    """The shared-memory channels of a scheduler's cross-node queues.
+
+    A channel is made the first time a run uses its queue across nodes and
+    kept -- reset for every run -- while some plan the session keeps names
+    the queue: each plan of a run with cross-node queues is counted once
+    for every queue it names, and uncounted when it is collected (a
+    finalizer only notes it; the next run does the work).  A queue that no
+    live plan names again has its channel released: closed here, and
+    dropped by the nodes that used it at their next run (`options_for`
+    puts the channel prefixes in their RUN message's options, as
+    ``"release"``).  A run without cross-node queues pays one look at an
+    empty list.
+    """
 
     def __init__(self, prefix):
         self._prefix = prefix
-        self._parts = {}   # (queue id, capacity) -> ChannelParts
+        self._parts = {}   # queue id -> {capacity: ChannelParts}
         self._seq = itertools.count()
+        self._counted = weakref.WeakSet()   # plans counted in _named
+        self._named = {}   # queue id -> how many counted plans name it
+        self._users = {}   # queue id -> nodes of counted plans naming it
+        self._dead = []    # queue ids of each counted plan collected since
+        self._drops = {}   # node -> channel prefixes it is to release
 
-    def for_run(self, shared):
-        """``{queue id: descriptor}`` of the run's cross-node queues, each
-        reset for the run."""
+    def for_run(self, shared, plans=(), prepared=None):
+        """``{queue id: descriptor}`` of the run's cross-node queues
+        (``shared``: ``{queue id: capacity}``), each reset for the run;
+        ``prepared`` gives ``(id, bytes, queues)`` of each plan by node."""
+        if shared:
+            for plan in plans:
+                if plan not in self._counted:
+                    self._count(plan, prepared[plan.node][2])
+        if self._dead:
+            self._collect()
         channels = {}
         for queue, capacity in sorted(shared.items()):
-            parts = self._parts.get((queue, capacity))
+            by_capacity = self._parts.setdefault(queue, {})
+            parts = by_capacity.get(capacity)
             if parts is None:
-                parts = ChannelParts(f"{self._prefix}q{next(self._seq)}_",
-                                     capacity)
-                self._parts[(queue, capacity)] = parts
+                parts = by_capacity[capacity] = self._make(queue, capacity)
             else:
                 parts.reset()
             channels[queue] = parts.desc
         return channels
 
+    def options_for(self, node, options):
+        """The RUN options of ``node``: ``options``, with the prefixes of
+        the channels it is to release, if any."""
+        drops = self._drops.pop(node, None) if self._drops else None
+        return options if drops is None else dict(options, release=drops)
+
+    def _count(self, plan, queues):
+        self._counted.add(plan)
+        ids = tuple(queues)
+        for queue in ids:
+            self._named[queue] = self._named.get(queue, 0) + 1
+            self._users.setdefault(queue, set()).add(plan.node)
+        # list.append is atomic: safe whenever the collector runs this
+        weakref.finalize(plan, self._dead.append, ids).atexit = False
+
+    def _collect(self):
+        """Uncount the plans collected since the last run; release the
+        channels of the queues no counted plan names any more."""
+        while self._dead:
+            for queue in self._dead.pop():
+                left = self._named.get(queue, 0) - 1
+                if left > 0:
+                    self._named[queue] = left
+                    continue
+                self._named.pop(queue, None)
+                users = self._users.pop(queue, ())
+                for parts in self._parts.pop(queue, {}).values():
+                    parts.close()
+                    for node in users:
+                        self._drops.setdefault(node, []).append(parts.prefix)
+
+    def _make(self, queue, capacity):
+        """A new channel under a prefix nobody can guess (a name someone
+        created first is skipped for another)."""
+        for _ in range(shm.CREATE_TRIES):
+            prefix = shm.unique_name(f"{self._prefix}q{next(self._seq)}_")
+            try:
+                return ChannelParts(prefix + "_", capacity, queue)
+            except FileExistsError:
+                continue
+        raise FileExistsError(
+            f"{shm.CREATE_TRIES} random names for the channel of queue "
+            f"{queue!r} were all taken in {shm.SHM_DIR}")
+
     def close(self):
-        for parts in self._parts.values():
-            parts.close()
+        for by_capacity in self._parts.values():
+            for parts in by_capacity.values():
+                parts.close()
         self._parts.clear()
+        self._named.clear()
+        self._users.clear()
+        self._drops.clear()

@@ -16,7 +16,10 @@ request is recognised and dropped::
 A node keeps the last PLAN_CACHE plans it was sent; the master mirrors that
 cache and sends ``plan_bytes=None`` for a plan the node has.  Every reply
 ends with the number of output bytes the node had sent by then (see
-`_logpump`).  A run message ends with options (``{"trace": bool}``); a
+`_logpump`).  A run message ends with options: ``{"trace": bool}``, and
+``"release": [channel prefix, ...]`` when queue channels the node used
+are no longer named by any plan the master keeps (the node closes them
+before the run; see `_prepare.QueueChannels`); a
 run's payload is ``{"outputs": {name: descriptor}, "seconds": s, "trace":
 spans or None}``; a
 descriptor is a dict: ``{"segment", "offset", "shape", "dtype"}`` locates a

@@ -195,15 +195,16 @@ class LocalHostScheduler(Session):
             raise error
         handles = self._ensure({p.node: p.node_kwargs for p in plans})
         rid = next(self._rids)
-        channels = self._queues.for_run(shared)
+        channels = self._queues.for_run(shared, plans, prepared)
         state = driver.start([h.name for h in handles], rid,
                              time.monotonic(), timeout)
         io = _ProcessRunIO(self, state, handles)
         options = {"trace": self.trace_steps}
         for handle in handles:
             try:
-                handle.send(run_message(handle, rid, prepared[handle.name],
-                                        channels, options))
+                handle.send(run_message(
+                    handle, rid, prepared[handle.name], channels,
+                    self._queues.options_for(handle.name, options)))
                 handle.state = NodeState.RUNNING
             except (OSError, EOFError):
                 driver.apply(state, (driver.DIED, handle.name, self._death(
@@ -263,12 +264,17 @@ class LocalHostScheduler(Session):
 
     def feed_blob(self, name, value, node="local"):
         self._check_open()
-        array = feedable(name, value)
+        array = np.asarray(value)
+        if array.dtype.hasobject:
+            feedable(name, value)  # raises: the node keeps numbers only
         node = str(node)
         handle = self._idle_node(node) or self._ensure(
             {node: Cluster.current().node_kwargs().get(node, {})})[0]
-        segment = f"{handle.prefix}m{next(self._feed_seq)}"
-        mm = shm.create_segment(segment, array.nbytes)
+        # copied once, straight into a segment whose memory is reserved
+        # first: a full /dev/shm is an error here, not a SIGBUS
+        segment, mm = shm.create_unique(
+            f"{handle.prefix}m{next(self._feed_seq)}_", array.nbytes,
+            blob=str(name))
         try:
             np.copyto(shm.array_on(mm, array.shape, array.dtype), array)
             self._request(handle, P.FEED, str(name), segment, array.shape,
