@@ -16,19 +16,20 @@ has two modes:
 Where the handler's exception cannot propagate -- it ran inside a weakref
 callback or a finalizer, and CPython hands the exception to
 `sys.unraisablehook` -- the hook installed here takes it back silently
-and raises it again at the main thread's next step.  (A fork is the one
-such place where that would still be too early: `NodeHandle.spawn`
-defers the stop signals itself.)  `check()` raises for a signal that was
-noted but never reached the command line: it is called where stopping is
-safe -- on arming, after every epoch, after training -- so no signal is
-lost.  The exit status of a stop is
-128 + the first signal's number: 130 for Ctrl-C, 143 for SIGTERM, 129 for
-SIGHUP.
+and has the signal sent again, a moment later, to the main thread.  (A
+fork is the one such place where that would still be too early:
+`NodeHandle.spawn` defers the stop signals itself.)  `check()` raises for
+a signal that was noted but never reached the command line: it is called
+where stopping is safe -- on arming, after every epoch, after training --
+so no signal is lost.
+
+The exit status of a stop is 128 + the first signal's number: 130 for
+Ctrl-C, 143 for SIGTERM, 129 for SIGHUP.
 """
 
-import _thread
 import signal
 import sys
+import threading
 
 __all__ = ["Interrupted", "StopSignals", "STOP", "exit_status"]
 
@@ -109,9 +110,15 @@ class StopSignals:
     def _unraisable(self, unraisable):
         if isinstance(unraisable.exc_value, Interrupted) and \
                 not self.delivered:
-            # lost where it was raised: raise it again, a step later
+            # Lost where it was raised: raise it again a moment later, from
+            # another thread -- a signal sent from here would be handled
+            # at once, inside this hook, and lost again.  A real signal to
+            # the main thread also wakes it from a blocking wait.
             self.raised = False
-            _thread.interrupt_main(unraisable.exc_value.signum)
+            again = threading.Timer(0.01, signal.pthread_kill, (
+                threading.main_thread().ident, unraisable.exc_value.signum))
+            again.daemon = True
+            again.start()
             return
         self._old_hook(unraisable)
 

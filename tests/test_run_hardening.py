@@ -246,6 +246,36 @@ def test_a_signal_while_the_command_line_starts_is_its_exit_status(sig):
     assert err.strip() == "interrupted", err
 
 
+def test_a_stop_raised_where_it_cannot_propagate_is_raised_again(capfd):
+    from localcluster._runsignals import Interrupted, StopSignals
+    signals = StopSignals()
+    signals.install()
+    try:
+        signals.arm()
+
+        class Thing:
+            pass
+
+        def callback(ref):  # the handler runs here: its exception is lost
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):
+                pass
+
+        import weakref
+        thing = Thing()
+        ref = weakref.ref(thing, callback)
+        started = time.monotonic()
+        with pytest.raises(Interrupted) as raised:
+            del thing
+            time.sleep(5)  # raised again, in the main thread's own code
+        assert raised.value.signum == signal.SIGTERM
+        assert time.monotonic() - started < 2
+        assert ref() is None
+    finally:
+        signals.restore()
+    assert "Interrupted" not in capfd.readouterr().err
+
+
 def test_the_run_file_is_never_left_half_written(tmp_path, monkeypatch):
     from localcluster import _rundir
     _rundir.save_options(str(tmp_path), "a:b", {"nodes": 1})
