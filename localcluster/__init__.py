@@ -6,7 +6,16 @@ steps are nets of numpy operators) and run it with `LocalSession`
 in shared memory) -- see README.md and the public API below.
 """
 
-from . import errors, printer
+import sys as _sys
+
+if _sys.argv[:1] == ["-m"] and "localcluster.run" in _sys.orig_argv:
+    # python -m localcluster.run: a signal while the package imports is
+    # noted for the command line (which stops with its exit status), not
+    # a traceback from inside an import
+    from ._runsignals import STOP as _STOP
+    _STOP.install()
+
+from . import errors, printer  # noqa: E402 - after the guard above
 from .errors import (BlobNotFoundError, CheckpointError, CheckpointWarning,
                      LocalClusterError,
                      NodeFailedError, PlanError, RunTimeoutError,

@@ -200,15 +200,26 @@ class LocalHostScheduler(Session):
                              time.monotonic(), timeout)
         io = _ProcessRunIO(self, state, handles)
         options = {"trace": self.trace_steps}
-        for handle in handles:
-            try:
-                handle.send(run_message(
-                    handle, rid, prepared[handle.name], channels,
-                    self._queues.options_for(handle.name, options)))
-                handle.state = NodeState.RUNNING
-            except (OSError, EOFError):
-                driver.apply(state, (driver.DIED, handle.name, self._death(
-                    handle, "receiving a plan")), self._unreported)
+        try:
+            for handle in handles:
+                try:
+                    handle.send(run_message(
+                        handle, rid, prepared[handle.name], channels,
+                        self._queues.options_for(handle.name, options)))
+                    handle.state = NodeState.RUNNING
+                except (OSError, EOFError):
+                    driver.apply(state, (driver.DIED, handle.name,
+                                         self._death(handle,
+                                                     "receiving a plan")),
+                                 self._unreported)
+        except BaseException:
+            # interrupted while sending: what was sent is cancelled, and
+            # what was not is not waited for
+            state.pending = [h.name for h in handles
+                             if h.state is NodeState.RUNNING and
+                             h.name in state.pending]
+            driver.abort(state, io, CANCEL_GRACE, self._unreported)
+            raise
         return driver.drive(state, io, CANCEL_GRACE, timeout,
                             self._unreported)
 
