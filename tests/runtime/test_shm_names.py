@@ -76,7 +76,7 @@ def zombie():
         child.wait(10)
 
 
-# -- the sweep ------------------------------------------------------------------
+# -- the sweep ----------------------------------------------------------------
 
 def test_the_sweep_skips_directories_and_other_users_entries(localhost,
                                                              zombie):
@@ -173,7 +173,7 @@ def test_names_without_a_start_time_are_judged_by_their_mtime():
         remove(new)
 
 
-# -- names nobody can take first -------------------------------------------------
+# -- names nobody can take first ----------------------------------------------
 
 def test_a_taken_name_is_retried_with_another(monkeypatch):
     prefix = shm.session_prefix() + "taken_"
