@@ -26,12 +26,10 @@ part when the name is taken (`create_unique`): anyone may create files in
 /dev/shm, and a name nobody can guess cannot be taken first.
 
 Descriptors.  A mapping does not keep its file open: `create_segment` and
-`map_segment` close the descriptor once the segment is mapped.  Python's
-``mmap`` keeps a duplicate of it for the mapping's life (until 3.13's
-``trackfd=False``), so on older versions the duplicate is detached from the
-object (`_detach_fd`); a process's descriptors then do not grow with its
-blobs, and a process out of descriptors raises its soft limit to its hard
-limit before it fails (`open_fd`).
+`map_segment` close the descriptor once the segment is mapped, and the
+mapping keeps no duplicate of it (`shm_map`), so a process's descriptors
+do not grow with its blobs; the few it keeps open (FIFOs) go through
+`open_fd`, which raises the soft limit before it runs out.
 
 Space.  A page of a tmpfs file is allocated when it is first touched, and
 on a full /dev/shm that touch is a SIGBUS that kills the process.  So
@@ -40,21 +38,19 @@ anything is written: a full /dev/shm is a `SharedMemoryFullError` naming
 the blob, its size and the space left.
 """
 
-import ctypes
 import errno
 import logging
 import mmap
 import os
-import resource
 import secrets
 import stat
-import sys
-import threading
 import time
 
 import numpy as np
 
 from ..errors import SharedMemoryFullError
+from .shm_map import map_fd as _map
+from .shm_map import open_fd
 
 __all__ = ["SHM_DIR", "PREFIX", "session_prefix", "ShmStore",
            "create_segment", "create_unique", "map_segment", "open_fd",
@@ -107,121 +103,7 @@ def _owner_of(name):
     return pid, start
 
 
-# -- descriptors ---------------------------------------------------------------
-
-def open_fd(path, flags, mode=0o600):
-    """``os.open``; out of descriptors (EMFILE), the process's soft limit is
-    raised to its hard limit and the open tried once more -- the soft
-    limit (often 1024) is kept low for programs that ``select()``, which
-    this one does not -- else an EMFILE that says what holds them."""
-    try:
-        return os.open(path, flags, mode)
-    except OSError as exc:
-        if exc.errno != errno.EMFILE:
-            raise
-        if _raise_fd_limit():
-            return os.open(path, flags, mode)
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        raise OSError(
-            errno.EMFILE,
-            f"out of file descriptors opening {path} (this process may "
-            f"have {soft} open: raise `ulimit -n`); every queue between two "
-            "node processes keeps 2 open in the master and in each of its "
-            "nodes") from exc
-
-
-def _raise_fd_limit():
-    """Raise RLIMIT_NOFILE's soft limit to the hard one; False if there is
-    no headroom."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if soft != resource.RLIM_INFINITY and soft >= target:
-        return False
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ValueError, OSError):
-        return False
-    log.info("out of file descriptors: raised this process's limit from %d "
-             "to %d", soft, target)
-    return True
-
-
-_fd_field = None
-_fd_field_lock = threading.Lock()
-
-
-def _fd_field_offset():
-    """Where a CPython ``mmap`` object keeps its duplicate descriptor (a
-    C int), found once in three probe mappings; -1 if not found exactly
-    (then mappings keep their descriptor: correct, only hungrier)."""
-    global _fd_field
-    with _fd_field_lock:
-        if _fd_field is None:
-            _fd_field = _find_fd_field()
-        return _fd_field
-
-
-def _dup_of(fd, value):
-    """Whether descriptor ``value`` is another than ``fd`` on its file."""
-    if value < 0 or value == fd or value > 1 << 24:
-        return False
-    try:
-        mine, other = os.fstat(fd), os.fstat(value)
-    except OSError:
-        return False
-    return (mine.st_dev, mine.st_ino) == (other.st_dev, other.st_ino)
-
-
-def _find_fd_field():
-    if sys.implementation.name != "cpython":
-        return -1
-    fds, maps, found = [], [], None
-    try:
-        for _ in range(3):
-            fds.append(os.memfd_create("lc-probe", os.MFD_CLOEXEC))
-            os.ftruncate(fds[-1], mmap.PAGESIZE)
-            maps.append(mmap.mmap(fds[-1], mmap.PAGESIZE))
-            raw = ctypes.string_at(id(maps[-1]), type(maps[-1]).__basicsize__)
-            here = {offset for offset in range(0, len(raw) - 3, 4)
-                    if _dup_of(fds[-1], int.from_bytes(
-                        raw[offset:offset + 4], sys.byteorder, signed=True))}
-            found = here if found is None else found & here
-    except (OSError, ValueError):
-        return -1
-    finally:
-        for mm in maps:
-            mm.close()
-        for fd in fds:
-            os.close(fd)
-    return found.pop() if found is not None and len(found) == 1 else -1
-
-
-def _detach_fd(mm, fd):
-    """Close the duplicate of ``fd`` that ``mm`` keeps, leaving it an
-    fd-less mapping -- the state CPython gives an anonymous map, whose
-    close and unmap skip fd -1.  Checked: the field must hold another
-    descriptor on ``fd``'s file."""
-    offset = _fd_field_offset()
-    if offset < 0:
-        return
-    field = ctypes.c_int.from_address(id(mm) + offset)
-    dup = field.value
-    if _dup_of(fd, dup):
-        field.value = -1
-        os.close(dup)
-
-
-if sys.version_info >= (3, 13):
-    def _map(fd, size, prot):
-        return mmap.mmap(fd, size, mmap.MAP_SHARED, prot, trackfd=False)
-else:
-    def _map(fd, size, prot):
-        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
-        _detach_fd(mm, fd)
-        return mm
-
-
-# -- segments ------------------------------------------------------------------
+# -- segments -----------------------------------------------------------------
 
 def create_segment(name, nbytes, blob=None, what=None):
     """Create segment ``name`` of ``nbytes`` (>= 1), its memory reserved,
@@ -336,7 +218,7 @@ def sweep(prefix):
     return removed
 
 
-# -- stale segments ------------------------------------------------------------
+# -- stale segments -----------------------------------------------------------
 
 def _proc_stat(pid):
     """``(state, start ticks since boot)`` of process ``pid``; None if

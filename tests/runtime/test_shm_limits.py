@@ -22,7 +22,7 @@ import pytest
 from localcluster import (Node, Task, TaskFailedError, TaskGroup,
                           WorkspaceType, ops)
 from localcluster.errors import Cancelled, SharedMemoryFullError
-from localcluster.runtime import shm
+from localcluster.runtime import shm, shm_map
 from localcluster.runtime.cancel import CancelEvent
 from localcluster.runtime.shm_channel import ChannelParts, ShmChannel
 
@@ -113,16 +113,20 @@ def test_queue_waits_work_on_descriptors_past_1024():
             resource.setrlimit(resource.RLIMIT_NOFILE, saved)
 
 
-def test_out_of_descriptors_raises_the_soft_limit_to_the_hard_one():
+def test_the_soft_limit_is_raised_before_descriptors_run_out(monkeypatch):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     low = open_fds() + 40
     if hard != resource.RLIM_INFINITY and hard < low + 200:
         pytest.skip("the hard limit leaves no headroom")
+    monkeypatch.setattr(shm_map, "_fd_mark", None)  # judged anew
     made = []
     resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
     try:
         prefix = shm.session_prefix() + "qlimit_"
-        for i in range(40):  # two descriptors each: past the soft limit
+        # two descriptors each: past 3/4 of the soft limit, not past it --
+        # the limit is raised before anything (a pipe, a mapping's
+        # duplicate descriptor) can meet it
+        for i in range(15):
             made.append(ChannelParts(f"{prefix}{i}_", 1))
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] > low
     finally:
@@ -131,8 +135,29 @@ def test_out_of_descriptors_raises_the_soft_limit_to_the_hard_one():
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+def test_an_open_that_meets_the_limit_raises_it_and_tries_again(
+        monkeypatch):
+    raised = []
+    monkeypatch.setattr(shm_map, "_raise_fd_limit",
+                        lambda: raised.append(1) or True)
+    real_open = os.open
+    failures = iter([OSError(errno.EMFILE, "Too many open files")])
+
+    def emfile_once(path, flags, mode=0o777):
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", emfile_once)
+    fd = shm.open_fd(os.devnull, os.O_RDONLY)
+    monkeypatch.undo()
+    os.close(fd)
+    assert raised == [1]
+
+
 def test_out_of_descriptors_for_good_says_what_holds_them(monkeypatch):
-    monkeypatch.setattr(shm, "_raise_fd_limit", lambda: False)
+    monkeypatch.setattr(shm_map, "_raise_fd_limit", lambda: False)
     real_open = os.open
 
     def emfile(path, flags, mode=0o777):
