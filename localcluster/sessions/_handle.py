@@ -92,7 +92,7 @@ class NodeHandle:
         master_conn, node_conn = ctx.Pipe(duplex=True)
         log_r, log_w = ctx.Pipe(duplex=False)
         fork = ctx.get_start_method() == "fork"
-        handle.control = shm.create_segment(prefix + "ctl", 8)
+        control, handle.control = shm.create_unique(prefix + "ctl_", 8)
         handle.control_word = np.ndarray(1, np.int64, buffer=handle.control)
         # A forked child closes its copies of every master-side pipe end --
         # its own included -- so that EOF reaches the nodes that need it.
@@ -102,7 +102,7 @@ class NodeHandle:
         spec = NodeSpec(name, prefix, handle.kwargs, os.getpid(),
                         pdeathsig=ctx.get_start_method() != "forkserver" and
                         threading.current_thread() is threading.main_thread(),
-                        control=prefix + "ctl", close_inherited=inherited)
+                        control=control, close_inherited=inherited)
         process = ctx.Process(target=node_main, args=(spec, node_conn, log_w),
                               name=f"lc-node-{name}", daemon=False)
         # Unflushed output would be written again by the forked child.

@@ -326,8 +326,9 @@ class _Outbox:
         if self.mm is None or len(self.mm) < total:
             self.close()
             self.seq += 1
-            self.segment = f"{self.prefix}{self.seq}"
-            self.mm = shm.create_segment(self.segment, max(total, 4096))
+            self.segment, self.mm = shm.create_unique(
+                f"{self.prefix}{self.seq}_", max(total, 4096),
+                what="a run's outputs")
         out = {}
         for name, a in arrays.items():
             if a.dtype.hasobject:

@@ -192,9 +192,12 @@ def test_names_taken_in_advance_do_not_stop_a_session(localhost):
     session = localhost()
     prefix = session.shm_prefix
     # what a session made after its prefix was seen in /dev/shm: each
-    # node's blobs and fed blobs counted up, channels counted up
+    # node's blobs, fed blobs, control word and outputs counted up,
+    # channels counted up
     taken = ([f"{prefix}{node}_{i}" for node in (0, 1) for i in
               range(1, 20)] +
+             [f"{prefix}{node}_ctl" for node in (0, 1)] +
+             [f"{prefix}{node}_out{i}" for node in (0, 1) for i in (1, 2)] +
              [f"{prefix}{node}_m{i}" for node in (0, 1) for i in range(5)] +
              [f"{prefix}q{i}_{part}" for i in range(3)
               for part in ("ctl", "free", "full")])
