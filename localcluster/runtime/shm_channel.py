@@ -129,17 +129,22 @@ class ChannelParts:
                      "capacity": capacity, "queue": queue}
         self._fds = []
         self._words = None
+        self._made = []       # the parts' names, once this made them
         try:
             self._control = shm.create_segment(
                 prefix + "ctl", _control_size(capacity),
                 what=f"the control words of queue {queue!r}")
+            self._made.append(prefix + "ctl")
             self._words = _words(self._control, capacity)
             for kind in ("free", "full"):
                 path = os.path.join(shm.SHM_DIR, prefix + kind)
                 os.mkfifo(path, 0o600)
+                self._made.append(prefix + kind)
                 self._fds.append(_fifo(path))
         except BaseException:
-            self.close()
+            # what failed may be the descriptors running out: remove the
+            # parts by name, listing nothing, so the error stays the first
+            self._close_parts()
             raise
         self.reset()
 
@@ -159,13 +164,19 @@ class ChannelParts:
                  .tobytes())
 
     def close(self):
+        self._close_parts()
+        shm.sweep(self.prefix)    # and the slot segments the nodes made
+
+    def _close_parts(self):
         for fd in self._fds:
             os.close(fd)
         self._fds = []
         if self._words is not None:
             self._words.release()
             self._words = None
-        shm.sweep(self.prefix)
+        for name in self._made:
+            shm.unlink(name)
+        self._made = []
 
 
 class ShmChannel:

@@ -174,6 +174,30 @@ def test_out_of_descriptors_for_good_says_what_holds_them(monkeypatch):
     assert not shm.segments(prefix)
 
 
+def test_a_queue_out_of_descriptors_half_made_keeps_that_error(monkeypatch):
+    # The control segment is made, then the FIFO's open meets the limit --
+    # and with no descriptor left, a listing of /dev/shm fails as well:
+    # the parts go by name and the error the user sees is the first one.
+    monkeypatch.setattr(shm_map, "_raise_fd_limit", lambda: False)
+    real_open = os.open
+
+    def emfile(path, flags, mode=0o777):
+        if str(path).endswith("free"):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, flags, mode)
+
+    def no_listing(path="."):
+        raise OSError(errno.EMFILE, "Too many open files", path)
+
+    monkeypatch.setattr(os, "open", emfile)
+    monkeypatch.setattr(os, "listdir", no_listing)
+    prefix = shm.session_prefix() + "qhalf_"
+    with pytest.raises(OSError, match="ulimit -n"):
+        ChannelParts(prefix, 1)
+    monkeypatch.undo()
+    assert not shm.segments(prefix)
+
+
 MANY_UNDER_ULIMIT = textwrap.dedent("""
     import resource, sys
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
