@@ -38,7 +38,7 @@ HIGH_LAYERS = ("localcluster.task", "localcluster.job",
                "localcluster.checkpoint", "localcluster.pipeline",
                "localcluster.dataio", "localcluster.queues",
                "localcluster.run", "localcluster.printer",
-               "localcluster.sessions")
+               "localcluster.sessions", "localcluster.testing")
 
 
 def module_name(path):
