@@ -23,6 +23,7 @@ __all__ = [
     "CheckpointWarning",
     "SessionClosedError",
     "RunTimeoutError",
+    "InjectedFault",
     "BlobNotFoundError",
     "SharedMemoryFullError",
     "RemoteTraceback",
@@ -170,6 +171,11 @@ class RunTimeoutError(LocalClusterError, TimeoutError):
         super().__init__(message)
         self.nodes = tuple(nodes)
         self.killed = tuple(killed)
+
+
+class InjectedFault(LocalClusterError):
+    """The error a fault plan's ``Kill(how="raise")`` or `FailCheckpoint`
+    raises inside a node (see `localcluster.testing`)."""
 
 
 class Cancelled(LocalClusterError):

@@ -12,7 +12,7 @@ A fault names a node and a trigger point (``at=``): `Epoch` (the node's
 part of epoch k -- the run a `JobRunner` makes of the epoch group, counted
 by the runner), `Op` (just before the nth op of that type the node runs,
 counted since the node started) or `Step` (just before a step of that
-name starts).  It fires once per session, in the first run that reaches
+name starts, as `printer.to_string` names it).  It fires once per session, in the first run that reaches
 it -- a node restarted after a `Kill` does not die again at the same
 point, which is what lets ``JobRunner(max_restarts=...)`` recover -- and
 ``plan.fired()`` lists what fired, with node and time.
@@ -77,7 +77,8 @@ class Op:
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """Just before a step named ``name`` starts on the node."""
+    """Just before a step named ``name`` starts on the node -- the name
+    `printer.to_string` shows (a task's step is ``node/task``)."""
     name: str
 
     def __post_init__(self):
@@ -213,10 +214,13 @@ class FaultPlan:
             return sorted(self._fired, key=lambda f: f.time)
 
     def record(self, index, when):
-        """Note that fault ``index`` fired at ``when`` (sessions call it)."""
+        """Note that fault ``index`` fired at ``when`` (sessions call it);
+        the `Fired` record."""
         fault = self.faults[index]
+        fired = Fired(fault, fault.node, when)
         with self._lock:
-            self._fired.append(Fired(fault, fault.node, when))
+            self._fired.append(fired)
+        return fired
 
 
 def as_fault_plan(faults, who):

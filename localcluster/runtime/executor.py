@@ -68,6 +68,10 @@ class RunContext:
         self._compiled = {}
         self._compile_lock = threading.Lock()
         self.trace = None   # a list: the run records its step spans there
+        #: the node's `NodeFaults` (None: no fault names this node); set
+        #: before the first run, since compiled ops bind it
+        self.faults = None
+        self.fault_steps = None   # step names a fault names, or None
 
     def begin(self, trace=False):
         self.cancelled.clear()
@@ -108,6 +112,8 @@ class RunContext:
                                        **op.args)
         elif op.args:
             kernel = functools.partial(kernel, **op.args)
+        if self.faults is not None:
+            kernel = self.faults.wrap(op, kernel)
         # A Python op may return None to leave its outputs unwritten.
         lenient = op.type == "Python"
         single = op.outputs[0] if len(op.outputs) == 1 and not lenient \
@@ -279,6 +285,8 @@ def execute(step, ws, rc, task=None):
 
 def _execute(step, ws, rc, task):
     task = step.task or task
+    if rc.fault_steps is not None and step.name in rc.fault_steps:
+        rc.faults.before_step(step.name, task)
     if step.create_workspace:
         ws = ws.child()
     n = step.num_concurrent_instances

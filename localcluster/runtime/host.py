@@ -81,7 +81,7 @@ class NodeRuntime:
     """
 
     def __init__(self, name, store=None, channel_factory=None,
-                 plan_cache=PLAN_CACHE):
+                 plan_cache=PLAN_CACHE, faults=None):
         self.name = str(name)
         self.workspace = Workspace(self.name, store=store)
         self.cancelled = CancelEvent()
@@ -90,6 +90,11 @@ class NodeRuntime:
         self._rc = RunContext(self.name, self.workspace.lock, self.cancelled,
                               {"workspace": self.workspace,
                                "queues": self._hub})
+        self.faults = faults if faults else None
+        if self.faults is not None:
+            faults.cancelled = self.cancelled
+            self._rc.faults = faults
+            self._rc.fault_steps = faults.steps or None
         self._plans = collections.OrderedDict()
         self._plan_cache = plan_cache
         self._lock = threading.Lock()   # current run id and cancel mark
@@ -118,15 +123,18 @@ class NodeRuntime:
     # -- runs ---------------------------------------------------------------
 
     def run(self, run_id, plan, channels=None, trace=False,
-            copy_outputs=True):
+            copy_outputs=True, epoch=None):
         """Run ``plan`` (a `NodePlan`, or the id of a loaded one) as run
-        ``run_id``; its `RunResult`.  Raises what the run raised:
-        `TaskFailedError`, `Cancelled`, ..."""
+        ``run_id``; its `RunResult`.  ``epoch``: the JobRunner epoch this
+        run is the node's part of (for `Epoch` faults), or None.  Raises
+        what the run raised: `TaskFailedError`, `Cancelled`, ..."""
         if not isinstance(plan, NodePlan):
             plan = self.plan(plan)
         self._begin(run_id, channels, trace)
         start = time.perf_counter()
         try:
+            if self.faults is not None and epoch is not None:
+                self.faults.at_run(epoch)
             outputs = run_node_plan(plan, self.workspace, self._rc,
                                     copy_outputs=copy_outputs)
         except BaseException:

@@ -1,0 +1,193 @@
+"""Firing a fault plan's faults inside a node's runtime.
+
+A session hands each `NodeRuntime` a `NodeFaults`: the faults that name
+the node (with their index in the session's `FaultPlan`), a `FaultBook`
+shared by every node of the session, and the host's way to end the node
+(``die``).  The runtime asks it at three points::
+
+    NodeRuntime.run(..., epoch=k)  -> at_run(k)        Epoch(k) faults
+    executor.execute(step)         -> before_step(..)  Step(name) faults
+    a compiled op's kernel         -> wrapped          Op(type, nth),
+                                                       FailCheckpoint
+
+Only the op types and steps a fault names are touched: a node without
+faults compiles and runs exactly as before, and an op of another type
+runs its kernel unwrapped.
+
+The book is an array of float64, one per fault of the plan: 0 until the
+fault fires, then the time it fired (`time.time`).  A fault fires when
+its slot is still 0, so it fires once per session -- also across a node's
+restarts, since the book outlives the node (under LocalHostScheduler it
+is a shared-memory segment every node process maps, written before the
+node acts, so a node that SIGKILLs itself still leaves its mark).  The
+session reads the book after every run into ``plan.fired()``.
+
+What a fault does:
+
+- ``Kill(how="sigkill"|"exit")``: ``die(how)`` -- a process host SIGKILLs
+  itself or ``os._exit(3)``; a thread host raises `NodeDeath`, which the
+  session turns into the `NodeFailedError` a dead process would give;
+- ``Kill(how="raise")`` and `FailCheckpoint`: an `InjectedFault` raised
+  in the op (a `TaskFailedError` naming node, step and op);
+- `Hang`: waits for the run's cancellation (its timeout, or a failure
+  elsewhere), then leaves as a cancelled run does;
+- `Delay`: waits ``seconds`` (a cancellation cuts it short).
+"""
+
+import collections
+import functools
+import threading
+import time
+
+from ..errors import Cancelled, InjectedFault, TaskFailedError
+from ..plan.faults import (EXIT_STATUS, Delay, Epoch, FailCheckpoint, Hang,
+                           Kill, Op, Step)
+
+__all__ = ["NodeFaults", "FaultBook", "NodeDeath", "faults_of_node"]
+
+
+class NodeDeath(BaseException):
+    """A `Kill` fault ending a node hosted on a thread (a process host
+    dies for real instead).  A BaseException: no op error handler may
+    turn it into an op failure."""
+
+    def __init__(self, node, how, fault):
+        super().__init__(f"node {node!r} killed by {fault!r}")
+        self.node = node
+        self.how = how
+        self.fault = fault
+        self.exitcode = EXIT_STATUS if how == "exit" else None
+        self.signal_name = "SIGKILL" if how == "sigkill" else None
+
+
+class FaultBook:
+    """When each fault of a plan fired (0: not yet); see the module
+    docstring.  ``times`` is any writable float64 array (shared memory
+    for node processes)."""
+
+    def __init__(self, times):
+        self.times = times
+        self._lock = threading.Lock()
+
+    def take(self, index):
+        """Mark fault ``index`` fired now; False if it had fired."""
+        with self._lock:
+            if self.times[index]:
+                return False
+            self.times[index] = time.time()
+            return True
+
+
+def faults_of_node(plan, node):
+    """``[(index, fault), ...]`` of ``plan``'s faults that name ``node``."""
+    if plan is None:
+        return []
+    return [(i, f) for i, f in enumerate(plan.faults) if f.node == node]
+
+
+class NodeFaults:
+    """One node's faults, indexed by trigger point (module docstring)."""
+
+    def __init__(self, node, faults, book, die=None):
+        self.node = node
+        self.book = book
+        self.die = die
+        self.cancelled = None      # the runtime's CancelEvent (set by it)
+        self._epochs = collections.defaultdict(list)
+        self._steps = collections.defaultdict(list)
+        self._ops = collections.defaultdict(list)
+        self._saves = collections.defaultdict(list)
+        for index, fault in faults:
+            if isinstance(fault, FailCheckpoint):
+                self._saves[fault.epoch].append((index, fault))
+                continue
+            at = fault.at
+            if isinstance(at, Epoch):
+                self._epochs[at.k].append((index, fault))
+            elif isinstance(at, Step):
+                self._steps[at.name].append((index, fault))
+            elif isinstance(at, Op):
+                self._ops[at.op_type].append((index, fault))
+        self._counts = collections.Counter()
+        self._count_lock = threading.Lock()
+        self.steps = frozenset(self._steps)   # what `execute` looks up
+
+    def __bool__(self):
+        return bool(self._epochs or self._steps or self._ops or self._saves)
+
+    # -- trigger points -----------------------------------------------------
+
+    def at_run(self, epoch):
+        """A run starts; ``epoch`` is the runner's epoch it is part of."""
+        for index, fault in self._epochs.get(epoch, ()):
+            self._fire(index, fault, (None, None))
+
+    def before_step(self, step, task):
+        for index, fault in self._steps.get(step, ()):
+            self._fire(index, fault, (task, step))
+
+    def wrap(self, op, kernel):
+        """``kernel`` of ``op``, or a kernel that fires the op's faults
+        first when a fault names this op."""
+        counted = self._ops.get(op.type)
+        saves = self._saves.get(op.args.get("epoch")) \
+            if op.type == "SaveCheckpoint" else None
+        if not counted and not saves:
+            return kernel
+
+        def fire_then_run(*args):
+            if counted:
+                with self._count_lock:
+                    self._counts[op.type] += 1
+                    nth = self._counts[op.type]
+                for index, fault in counted:
+                    if fault.at.nth == nth:
+                        self._fire(index, fault, None)
+            for index, fault in saves or ():
+                if self.book.take(index):
+                    raise InjectedFault(
+                        f"{fault!r}: the save of epoch {fault.epoch} on "
+                        f"node {self.node!r} fails")
+            return kernel(*args)
+
+        return functools.wraps(kernel)(fire_then_run) \
+            if hasattr(kernel, "__name__") else fire_then_run
+
+    # -- what a fault does --------------------------------------------------
+
+    def _fire(self, index, fault, where):
+        """Fire ``fault`` unless it fired before.  ``where`` is (task,
+        step) outside an op -- an error raised there is wrapped as the
+        op error the executor would give -- or None inside one."""
+        if not self.book.take(index):
+            return
+        if isinstance(fault, Kill):
+            if fault.how == "raise":
+                self._raise(InjectedFault(f"{fault!r} fired on node "
+                                          f"{self.node!r}"), where)
+            self.die(fault.how, fault)
+        elif isinstance(fault, Hang):
+            self.cancelled.wait()
+            raise Cancelled(f"{fault!r}: the hung run on node "
+                            f"{self.node!r} was cancelled")
+        elif isinstance(fault, Delay):
+            if self.cancelled.wait(fault.seconds):
+                raise Cancelled(f"run on node {self.node!r} was cancelled "
+                                f"during {fault!r}")
+
+    def _raise(self, error, where):
+        if where is None:
+            raise error
+        task, step = where
+        raise TaskFailedError(
+            f"{error}" + (f" (task {task!r}, step {step!r})" if step else ""),
+            node=self.node,
+            task=task, step=step, cause_type=type(error).__name__,
+            cause_message=str(error)) from error
+
+
+def die_in_thread(node):
+    """The ``die`` of a thread host: raise `NodeDeath`."""
+    def die(how, fault):
+        raise NodeDeath(node, how, fault)
+    return die
