@@ -314,7 +314,11 @@ class JobRunner:
             epoch += 1
             log.info("epoch %d starting", epoch)
             started, start = time.time(), time.monotonic()
-            self._run(session, self.job.epoch_group)
+            session.current_epoch = epoch   # for the fault plan's Epoch(k)
+            try:
+                self._run(session, self.job.epoch_group)
+            finally:
+                session.current_epoch = None
             seconds = time.monotonic() - start
             node_seconds = dict(session.last_run_seconds)
             trace = dict(session.last_run_trace) if session.trace_steps \

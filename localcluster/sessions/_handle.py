@@ -86,8 +86,10 @@ class NodeHandle:
     # -- start --------------------------------------------------------------
 
     @classmethod
-    def spawn(cls, ctx, name, prefix, kwargs, pump, extra_ends=()):
-        """Start the node process; returns before it is ready."""
+    def spawn(cls, ctx, name, prefix, kwargs, pump, extra_ends=(),
+              faults=None):
+        """Start the node process; returns before it is ready.
+        ``faults``: (the fault book's segment, the node's faults)."""
         handle = cls(name, prefix, dict(kwargs))
         master_conn, node_conn = ctx.Pipe(duplex=True)
         log_r, log_w = ctx.Pipe(duplex=False)
@@ -102,7 +104,8 @@ class NodeHandle:
         spec = NodeSpec(name, prefix, handle.kwargs, os.getpid(),
                         pdeathsig=ctx.get_start_method() != "forkserver" and
                         threading.current_thread() is threading.main_thread(),
-                        control=control, close_inherited=inherited)
+                        control=control, close_inherited=inherited,
+                        faults=faults)
         process = ctx.Process(target=node_main, args=(spec, node_conn, log_w),
                               name=f"lc-node-{name}", daemon=False)
         # Unflushed output would be written again by the forked child.
@@ -193,13 +196,16 @@ class NodeHandle:
         self.killpg(signal.SIGKILL)
         self.reap()
 
-    def death_error(self, during):
-        """Reap a dead node; the NodeFailedError describing its death."""
+    def death_error(self, during, fault=None):
+        """Reap a dead node; the NodeFailedError describing its death
+        (``fault``: the `Kill` fault that fired on it, if one did)."""
         self.reap()
         code = self.process.exitcode
         signame = signal_name(code)
         lines = self.log.last if self.log else ()
-        if code == EXIT_MEMORY:
+        if fault is not None:
+            cause = f"{fault!r} fired"
+        elif code == EXIT_MEMORY:
             cause = "it exceeded its memory_limit"
         elif signame == "SIGKILL":
             cause = ("likely killed by the OOM killer or a test" +

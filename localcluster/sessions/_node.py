@@ -33,13 +33,16 @@ import pickle
 import queue
 import select
 import signal
+import sys
 import threading
 
 import numpy as np
 
+from ..plan.faults import EXIT_STATUS
 from ..plan.packing import unpack_plan
 from ..runtime import shm
 from ..runtime.channels import LocalChannel
+from ..runtime.faults import FaultBook, NodeFaults
 from ..runtime.host import NodeRuntime
 from ..runtime.shm_channel import ShmChannel
 from . import _protocol as P
@@ -60,7 +63,7 @@ class NodeSpec:
     """What a node process needs to start (picklable for spawn)."""
 
     def __init__(self, name, prefix, kwargs, master_pid, pdeathsig,
-                 control, close_inherited=None):
+                 control, close_inherited=None, faults=None):
         self.name = name
         self.prefix = prefix            # segment prefix of this incarnation
         self.control = control          # segment: int64 rid to cancel
@@ -68,6 +71,7 @@ class NodeSpec:
         self.master_pid = master_pid
         self.pdeathsig = pdeathsig
         self.close_inherited = close_inherited  # fork only: other nodes' fds
+        self.faults = faults    # (fault book segment, [(index, fault)])
 
 
 def node_main(spec, conn, log_conn):
@@ -132,7 +136,8 @@ class _NodeServer:
         self.store = shm.ShmStore(spec.prefix)
         self.channels = _ShmChannels()
         self.runtime = NodeRuntime(spec.name, store=self.store,
-                                   channel_factory=self.channels)
+                                   channel_factory=self.channels,
+                                   faults=self._faults(spec))
         self.control = shm.map_segment(spec.control)
         self.control_word = np.ndarray(1, np.int64, buffer=self.control)
         self.wakeups = queue.SimpleQueue()
@@ -144,6 +149,16 @@ class _NodeServer:
                          name="lc:canceller").start()
         threading.Thread(target=self._watch_master, daemon=True,
                          name="lc:watcher").start()
+
+    @staticmethod
+    def _faults(spec):
+        """The node's `NodeFaults`: a `Kill` ends this process for real."""
+        if not spec.faults or not spec.faults[1]:
+            return None
+        book, faults = spec.faults
+        mm = shm.map_segment(book, writable=True)
+        times = np.ndarray(len(mm) // 8, np.float64, buffer=mm)
+        return NodeFaults(spec.name, faults, FaultBook(times), _die)
 
     def send(self, msg):
         with self.send_lock:
@@ -269,7 +284,8 @@ class _NodeServer:
         self.runtime.cancel(int(self.control_word[0]))
         result = self.runtime.run(rid, plan_id, channels,
                                   bool(options.get("trace")),
-                                  copy_outputs=False)
+                                  copy_outputs=False,
+                                  epoch=options.get("epoch"))
         return {"outputs": self.outbox.pack(result.outputs),
                 "seconds": result.seconds, "trace": result.trace}
 
@@ -282,6 +298,20 @@ class _NodeServer:
             return {"inline": np.array(value, copy=True)}
         return {"segment": segment, "shape": value.shape,
                 "dtype": value.dtype.str}
+
+
+def _die(how, fault):
+    """A `Kill` fault: this node process ends as a real failure would --
+    SIGKILL, or exit status 3 -- once its buffered output is flushed."""
+    log.info("%r fires", fault)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(EXIT_STATUS)
 
 
 def _is_memory(exc):

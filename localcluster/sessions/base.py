@@ -20,6 +20,7 @@ import weakref
 
 from ..errors import PlanError, SessionClosedError
 from ..plan.builder import NetBuilder
+from ..plan.faults import as_fault_plan
 from ..plan.net import Net, plan_epoch
 from ..plan.node_plan import WorkspaceType, as_workspace_type
 from ..plan.step import ExecutionStep, to_execution_step
@@ -39,7 +40,14 @@ class SessionState(enum.Enum):
 class Session:
     """Base of every session; see the module docstring."""
 
-    def __init__(self):
+    def __init__(self, faults=None):
+        #: the `FaultPlan` this session fires (None: no faults)
+        self.faults = as_fault_plan(faults, type(self).__name__)
+        self._fault_times = None   # the fault book's times: the session's
+        self._fault_seen = set()
+        #: the JobRunner epoch the run in progress is part of (the runner
+        #: sets it around each epoch's run), else None
+        self.current_epoch = None
         self._state = SessionState.OPEN
         self._broken_reason = None
         self._run_lock = threading.RLock()
@@ -154,10 +162,27 @@ class Session:
             self.last_run_seconds = {}
             self.last_run_trace = {}
             self._run_started = time.monotonic()
-            results = self._run_plans(plans, timeout)
+            try:
+                results = self._run_plans(plans, timeout)
+            finally:
+                self._sync_faults()
         for node, output in outputs:
             values = results[node]
             output.set([values[n] for n in output.names])
+
+    def _sync_faults(self):
+        """Add the faults that fired since the last look to the plan's
+        ``fired()``; returns them."""
+        times = self._fault_times
+        if times is None:
+            return []
+        new = []
+        for index in range(len(times)):
+            when = float(times[index])
+            if when and index not in self._fault_seen:
+                self._fault_seen.add(index)
+                new.append(self.faults.record(index, when))
+        return new
 
     def _node_done(self, node):
         """Sessions call this as each node of a run finishes."""

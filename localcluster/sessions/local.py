@@ -24,8 +24,10 @@ import weakref
 
 import numpy as np
 
-from ..errors import BlobNotFoundError, RunTimeoutError
+from ..errors import BlobNotFoundError, NodeFailedError, RunTimeoutError
 from ..plan.validate import check_cross_node_queues, feedable, queues_of
+from ..runtime.faults import (FaultBook, NodeDeath, NodeFaults,
+                              die_in_thread, faults_of_node)
 from ..runtime.host import NodeRuntime
 from . import driver
 from .base import Session
@@ -41,8 +43,11 @@ CANCEL_GRACE = 2.0
 class LocalSession(Session):
     """Run every node in this process (see the module docstring)."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, faults=None):
+        super().__init__(faults=faults)
+        if self.faults is not None:
+            self._fault_times = np.zeros(len(self.faults))
+            self._fault_book = FaultBook(self._fault_times)
         self._runtimes = {}
         self._workers = {}
         self._rids = itertools.count(1)
@@ -60,8 +65,26 @@ class LocalSession(Session):
     def _runtime(self, node):
         runtime = self._runtimes.get(node)
         if runtime is None:
-            runtime = self._runtimes[node] = NodeRuntime(node)
+            faults = None
+            if self.faults is not None:
+                faults = NodeFaults(node, faults_of_node(self.faults, node),
+                                    self._fault_book, die_in_thread(node))
+            runtime = self._runtimes[node] = NodeRuntime(node, faults=faults)
         return runtime
+
+    def _died(self, death):
+        """A `Kill` fault ended ``death.node``: its workspace goes, as a
+        dead process's does; the error a dead process would give."""
+        node = death.node
+        runtime = self._runtimes.pop(node, None)
+        if runtime is not None:
+            runtime.close()
+        what = death.signal_name or f"exit status {death.exitcode}"
+        return NodeFailedError(
+            f"node {node!r} died ({what}) while running a plan; "
+            f"{death.fault!r} fired; it restarts with an empty workspace "
+            "on the next run", node=node, exitcode=death.exitcode,
+            signal_name=death.signal_name)
 
     def _close(self):
         for worker in self._workers.values():
@@ -93,7 +116,10 @@ class LocalSession(Session):
             plan = plans[0]
             runtime = self._runtime(plan.node)
             try:
-                result = runtime.run(rid, plan, channels, trace)
+                result = runtime.run(rid, plan, channels, trace,
+                                     epoch=self.current_epoch)
+            except NodeDeath as death:
+                raise self._died(death) from None
             except BaseException:
                 runtime.cancel(rid)
                 raise
@@ -103,7 +129,7 @@ class LocalSession(Session):
         for plan in plans:
             self._worker(plan.node).put(
                 (self._runtime(plan.node), rid, plan, channels, trace,
-                 io.events))
+                 self.current_epoch, io.events))
         state = driver.start([p.node for p in plans], rid, time.monotonic(),
                              timeout)
         return driver.drive(state, io, CANCEL_GRACE, timeout)
@@ -172,6 +198,8 @@ class _ThreadRunIO(driver.RunIO):
         return found
 
     def _event(self, node, result, error):
+        if isinstance(error, NodeDeath):
+            return (driver.DIED, node, self.session._died(error))
         if error is not None:
             return (driver.FAILED, node, error)
         self.session._finished(node, result)
@@ -200,9 +228,9 @@ def _work(jobs):
         job = jobs.get()
         if job is None:
             return
-        runtime, rid, plan, channels, trace, events = job
+        runtime, rid, plan, channels, trace, epoch, events = job
         try:
-            result = runtime.run(rid, plan, channels, trace)
+            result = runtime.run(rid, plan, channels, trace, epoch=epoch)
         except BaseException as exc:  # noqa: BLE001 - handed to the driver
             events.put((plan.node, None, exc))
         else:

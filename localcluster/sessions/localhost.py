@@ -43,6 +43,8 @@ from ..errors import BlobNotFoundError, NodeFailedError, PlanError, \
     RunTimeoutError
 from ..plan.validate import feedable
 from ..runtime import shm
+from ..plan.faults import Kill
+from ..runtime.faults import faults_of_node
 from ..task import Cluster
 from . import _protocol as P
 from . import driver
@@ -77,8 +79,9 @@ class LocalHostScheduler(Session):
     instead of on first use.
     """
 
-    def __init__(self, start_method="fork", timeout=None, nodes=None):
-        super().__init__()
+    def __init__(self, start_method="fork", timeout=None, nodes=None,
+                 faults=None):
+        super().__init__(faults=faults)
         if start_method not in multiprocessing.get_all_start_methods():
             raise ValueError(
                 f"start_method {start_method!r} is not available here; use "
@@ -103,6 +106,12 @@ class LocalHostScheduler(Session):
         self._queues = QueueChannels(self._prefix)
         self._poller = Poller()
         shm.sweep_stale()
+        if self.faults is not None:
+            self._fault_book, mm = shm.create_unique(
+                self._prefix + "faults_", 8 * max(len(self.faults), 1),
+                what="the fault plan's book")
+            self._fault_times = np.ndarray(len(self.faults), np.float64,
+                                           buffer=mm)
         self._pump = LogPump()
         _live.add(self)
         log.debug("LocalHostScheduler %s started (%s)", self._prefix,
@@ -165,8 +174,11 @@ class LocalHostScheduler(Session):
     def _spawn(self, name, kwargs):
         prefix = f"{self._prefix}{next(self._node_seq)}_"
         pumps = [c for s in list(_live) for c in s._pump.connections()]
+        faults = None
+        if self.faults is not None:
+            faults = (self._fault_book, faults_of_node(self.faults, name))
         handle = NodeHandle.spawn(self._ctx, name, prefix, kwargs,
-                                  self._pump, pumps)
+                                  self._pump, pumps, faults)
         self._nodes[name] = handle
         self._poller.add(handle)
         return handle
@@ -177,7 +189,10 @@ class LocalHostScheduler(Session):
         self._reader.forget(handle.name)
 
     def _death(self, handle, during):
-        error = handle.death_error(during)
+        killed_by = [f.fault for f in self._sync_faults()
+                     if f.node == handle.name and isinstance(f.fault, Kill)]
+        error = handle.death_error(during, killed_by[-1] if killed_by
+                                   else None)
         self._forget(handle)
         return error
 
@@ -200,6 +215,8 @@ class LocalHostScheduler(Session):
                              time.monotonic(), timeout)
         io = _ProcessRunIO(self, state, handles)
         options = {"trace": self.trace_steps}
+        if self.current_epoch is not None:
+            options["epoch"] = self.current_epoch
         try:
             for handle in handles:
                 try:
@@ -323,6 +340,8 @@ class LocalHostScheduler(Session):
                 self._forget(handle)
             self._reader.clear()
             self._queues.close()
+            self._sync_faults()
+            self._fault_times = None
             self._pump.stop()
             shm.sweep(self._prefix)
             _live.discard(self)
