@@ -39,11 +39,15 @@ import functools
 import threading
 import time
 
+import numpy as np
+
+from . import shm
 from ..errors import Cancelled, InjectedFault, TaskFailedError
 from ..plan.faults import (EXIT_STATUS, Delay, Epoch, FailCheckpoint, Hang,
                            Kill, Op, Step)
 
-__all__ = ["NodeFaults", "FaultBook", "NodeDeath", "faults_of_node"]
+__all__ = ["NodeFaults", "FaultBook", "NodeDeath", "faults_of_node",
+           "shared_book", "mapped_book", "die_in_thread"]
 
 
 class NodeDeath(BaseException):
@@ -76,6 +80,20 @@ class FaultBook:
                 return False
             self.times[index] = time.time()
             return True
+
+
+def shared_book(prefix, size):
+    """A new fault book in shared memory, for node processes to map:
+    ``(segment name, times)``."""
+    name, mm = shm.create_unique(prefix + "faults_", 8 * max(size, 1),
+                                 what="the fault plan's book")
+    return name, np.ndarray(size, np.float64, buffer=mm)
+
+
+def mapped_book(name):
+    """The `FaultBook` of segment ``name`` (made by `shared_book`)."""
+    mm = shm.map_segment(name, writable=True)
+    return FaultBook(np.ndarray(len(mm) // 8, np.float64, buffer=mm))
 
 
 def faults_of_node(plan, node):

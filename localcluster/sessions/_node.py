@@ -42,7 +42,7 @@ from ..plan.faults import EXIT_STATUS
 from ..plan.packing import unpack_plan
 from ..runtime import shm
 from ..runtime.channels import LocalChannel
-from ..runtime.faults import FaultBook, NodeFaults
+from ..runtime.faults import NodeFaults, mapped_book
 from ..runtime.host import NodeRuntime
 from ..runtime.shm_channel import ShmChannel
 from . import _protocol as P
@@ -156,9 +156,7 @@ class _NodeServer:
         if not spec.faults or not spec.faults[1]:
             return None
         book, faults = spec.faults
-        mm = shm.map_segment(book, writable=True)
-        times = np.ndarray(len(mm) // 8, np.float64, buffer=mm)
-        return NodeFaults(spec.name, faults, FaultBook(times), _die)
+        return NodeFaults(spec.name, faults, mapped_book(book), _die)
 
     def send(self, msg):
         with self.send_lock:

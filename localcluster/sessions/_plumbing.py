@@ -22,8 +22,10 @@ import threading
 
 import psutil
 
+from ..errors import PlanError
+
 __all__ = ["set_parent_death_signal", "reset_signal_handlers", "Output",
-           "apply_node_options"]
+           "apply_node_options", "check_cpus"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -149,3 +151,16 @@ def _data_size():
             if line.startswith("VmData:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def check_cpus(name, kwargs):
+    """A PlanError if ``Node(name, cpus=...)`` names cpus this process may
+    not use (the node would start and fail to pin itself)."""
+    cpus = kwargs.get("cpus")
+    if cpus:
+        available = sorted(os.sched_getaffinity(0))
+        missing = sorted(set(cpus) - set(available))
+        if missing:
+            raise PlanError(
+                f"Node({name!r}) asks for cpus {missing} but this process "
+                f"may only use cpus {available}; pick from those")

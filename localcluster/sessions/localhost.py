@@ -39,12 +39,11 @@ import weakref
 
 import numpy as np
 
-from ..errors import BlobNotFoundError, NodeFailedError, PlanError, \
-    RunTimeoutError
+from ..errors import BlobNotFoundError, NodeFailedError, RunTimeoutError
+from ..plan.faults import Kill
 from ..plan.validate import feedable
 from ..runtime import shm
-from ..plan.faults import Kill
-from ..runtime.faults import faults_of_node
+from ..runtime.faults import faults_of_node, shared_book
 from ..task import Cluster
 from . import _protocol as P
 from . import driver
@@ -52,6 +51,7 @@ from ._handle import (CONN, SENTINEL, SHUTDOWN_STEP, START_TIMEOUT,
                       NodeHandle, NodeState, Poller, await_ready, join_all,
                       read_goodbyes, wait_events)
 from ._logpump import LogPump
+from ._plumbing import check_cpus
 from ._prepare import Prepared, QueueChannels, run_message
 from ._shmread import SegmentReader
 from .base import Session
@@ -107,11 +107,8 @@ class LocalHostScheduler(Session):
         self._poller = Poller()
         shm.sweep_stale()
         if self.faults is not None:
-            self._fault_book, mm = shm.create_unique(
-                self._prefix + "faults_", 8 * max(len(self.faults), 1),
-                what="the fault plan's book")
-            self._fault_times = np.ndarray(len(self.faults), np.float64,
-                                           buffer=mm)
+            self._fault_book, self._fault_times = shared_book(
+                self._prefix, len(self.faults))
         self._pump = LogPump()
         _live.add(self)
         log.debug("LocalHostScheduler %s started (%s)", self._prefix,
@@ -160,7 +157,7 @@ class LocalHostScheduler(Session):
                 continue
             if handle is not None and not kwargs:
                 kwargs = handle.kwargs  # a restart keeps the node's options
-            _check_cpus(name, kwargs)
+            check_cpus(name, kwargs)
             starting.append(self._spawn(name, kwargs))
         if starting:
             try:
@@ -489,17 +486,6 @@ class _ProcessRunIO(driver.RunIO):
         return RunTimeoutError(
             f"run did not finish within {timeout} s (still running: "
             f"{late}){what}", nodes=late, killed=killed)
-
-
-def _check_cpus(name, kwargs):
-    cpus = kwargs.get("cpus")
-    if cpus:
-        available = sorted(os.sched_getaffinity(0))
-        missing = sorted(set(cpus) - set(available))
-        if missing:
-            raise PlanError(
-                f"Node({name!r}) asks for cpus {missing} but this process "
-                f"may only use cpus {available}; pick from those")
 
 
 @atexit.register
