@@ -1,0 +1,342 @@
+"""Job checks: does a job train to the same blobs however it is run?
+
+::
+
+    from localcluster.testing import check_job
+    check_job(build)        # build() -> a fresh Job, or (job, options)
+
+Four checks, each also a function of its own taking the same ``build``:
+
+- `sessions_agree` -- every session kind ends with the same blobs;
+- `resume_equals_uninterrupted` -- resuming from every saved epoch (in a
+  fresh session, from a copy of the checkpoints) ends as the uninterrupted
+  run does;
+- `restart_recovers` -- a node SIGKILLed at an epoch (a `Kill` fault), with
+  ``max_restarts=1``, ends as the uninterrupted run; without restarts the
+  run raises `NodeFailedError` naming that node;
+- `schedule_independent` -- deterministic schedules (`LocalSession`'s
+  ``schedule=`` seeds) give the same blobs.
+
+"The blobs" are every array blob of the job's checkpointed nodes
+(``job.nodes_to_checkpoint()``) after training.  They compare exactly,
+unless the options ``build()`` returns give ``{"rtol": ..., "atol":
+...}``.
+
+Counter-examples are tried smallest first -- epochs in ascending order,
+then nodes in their order, seeds from 0 -- so the first that fails is the
+smallest: a check raises `JobCheckFailed` with it and one line of Python
+that replays it (for a ``build`` importable by its module and name).
+Enumerating, not drawing at random, keeps a check deterministic: the same
+job gives the same verdict on every machine and in every CI run.
+"""
+
+import inspect
+import itertools
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+from ..errors import NodeFailedError
+from ..job import Job, JobRunner, epoch_limiter
+from ..checkpoint import MultiNodeCheckpointManager
+from ..plan.faults import Epoch, FaultPlan, Kill
+from ..sessions.local import LocalSession
+from ..sessions.localhost import LocalHostScheduler
+from ..task import Node
+
+__all__ = ["check_job", "sessions_agree", "resume_equals_uninterrupted",
+           "restart_recovers", "schedule_independent", "ALL_CHECKS",
+           "JobCheckFailed", "SESSION_KINDS"]
+
+#: session kind -> factory of a session taking ``faults=``
+SESSION_KINDS = {"local": LocalSession, "localhost": LocalHostScheduler}
+
+
+class JobCheckFailed(AssertionError):
+    """A job check failed: ``check`` (its name), ``counterexample`` (a
+    dict: what made it fail), ``replay`` (one line of Python)."""
+
+    def __init__(self, check, message, counterexample, replay):
+        super().__init__(f"{check}: {message}\n  counter-example: "
+                         f"{counterexample}\n  replay: {replay}")
+        self.check = check
+        self.counterexample = counterexample
+        self.replay = replay
+
+
+# -- building and training ----------------------------------------------------
+
+def _build(build, max_epochs):
+    """``(job, options)`` from ``build()``, capped at ``max_epochs``."""
+    made = build()
+    job, options = made if isinstance(made, tuple) else (made, {})
+    if not isinstance(job, Job) or not isinstance(options, dict):
+        raise TypeError(f"build() must return a Job or (job, options), got "
+                        f"{made!r}")
+    if max_epochs is not None:
+        with Node(job.nodes_to_checkpoint()[0]):
+            epoch_limiter(job, max_epochs)
+    return job, options
+
+
+def _final(session, job):
+    """``{node: {blob: array}}`` of the job's checkpointed nodes."""
+    out = {}
+    for node in job.nodes_to_checkpoint():
+        out[node] = {}
+        for name in session.blobs(node):
+            value = session.fetch_blob(name, node)
+            if not value.dtype.hasobject:
+                out[node][name] = value
+    return out
+
+
+def _train(build, session, directory, *, max_epochs=None, timeout=None,
+           resume=None, max_restarts=0):
+    """Train a fresh job; ``(final blobs, last epoch, options)``."""
+    job, options = _build(build, max_epochs)
+    runner = JobRunner(job, MultiNodeCheckpointManager(directory),
+                       resume_from_epoch=resume, max_restarts=max_restarts,
+                       on_checkpoint_error=options.get("on_checkpoint_error",
+                                                       "warn"),
+                       timeout=timeout)
+    last = runner.train(session)
+    return _final(session, job), last, options
+
+
+def _difference(expected, got, options):
+    """One line saying where ``got`` differs from ``expected``, or None."""
+    rtol, atol = options.get("rtol"), options.get("atol")
+    for node in sorted(set(expected) | set(got)):
+        want, have = expected.get(node, {}), got.get(node, {})
+        if set(want) != set(have):
+            return (f"node {node!r} has blobs {sorted(have)}, expected "
+                    f"{sorted(want)}")
+        for name in sorted(want):
+            a, b = want[name], have[name]
+            if a.shape != b.shape or a.dtype != b.dtype:
+                return (f"blob {name!r} on node {node!r} is {b.dtype}"
+                        f"{list(b.shape)}, expected {a.dtype}{list(a.shape)}")
+            if (rtol is None and atol is None) or a.dtype.kind not in "fc":
+                same = np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+            else:
+                same = np.allclose(a, b, rtol=rtol or 0.0, atol=atol or 0.0,
+                                   equal_nan=True)
+            if not same:
+                return (f"blob {name!r} on node {node!r} is {_short(b)}, "
+                        f"expected {_short(a)}")
+    return None
+
+
+def _short(value):
+    return np.array2string(np.asarray(value), threshold=8, precision=6)
+
+
+def _name_of(build):
+    module = getattr(build, "__module__", None)
+    name = getattr(build, "__qualname__", None)
+    if module and name and "<" not in name:
+        return f"{module}.{name}"
+    return "build"
+
+
+def _replay(check, build, **kwargs):
+    """``import mod; from localcluster.testing import ...; check(...)``."""
+    args = "".join(f", {k}={v!r}" for k, v in kwargs.items())
+    names = [check]
+    for fault in kwargs.get("faults") or ():
+        names += [type(fault).__name__, type(fault.at).__name__]
+    target = _name_of(build)
+    head = f"import {target.rsplit('.', 1)[0]}; " if "." in target else ""
+    return (f"{head}from localcluster.testing import "
+            f"{', '.join(dict.fromkeys(names))}; {check}({target}{args})")
+
+
+def _session(kind, **kwargs):
+    try:
+        factory = SESSION_KINDS[kind]
+    except KeyError:
+        raise ValueError(f"unknown session kind {kind!r}; known: "
+                         f"{sorted(SESSION_KINDS)}") from None
+    return factory(**kwargs)
+
+
+class _Scratch:
+    """A temporary directory for checkpoints, removed afterwards."""
+
+    def __enter__(self):
+        self.path = tempfile.mkdtemp(prefix="localcluster-check-")
+        self._made = itertools.count()
+        return self
+
+    def __exit__(self, *exc):
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def sub(self, label):
+        """A new directory name under the scratch directory."""
+        return os.path.join(self.path, f"{label}-{next(self._made)}")
+
+
+def _reference(build, scratch, kind, **kw):
+    """``(final blobs, last epoch, options, checkpoint dir)`` of an
+    uninterrupted run under ``kind``."""
+    directory = scratch.sub(f"reference-{kind}")
+    with _session(kind) as session:
+        return _train(build, session, directory, **kw) + (directory,)
+
+
+# -- the checks ---------------------------------------------------------------
+
+def sessions_agree(build, *, sessions=("local", "localhost"),
+                   max_epochs=None, timeout=60):
+    """Every session kind in ``sessions`` ends with the same blobs."""
+    with _Scratch() as scratch:
+        first = None
+        for kind in sessions:
+            with _session(kind) as session:
+                final, _, options = _train(build, session, scratch.sub(kind),
+                                           max_epochs=max_epochs,
+                                           timeout=timeout)
+            if first is None:
+                first = (kind, final)
+                continue
+            diff = _difference(first[1], final, options)
+            if diff:
+                raise JobCheckFailed(
+                    "sessions_agree", f"{kind} differs from {first[0]}: "
+                    f"{diff}", {"sessions": (first[0], kind)},
+                    _replay("sessions_agree", build,
+                            sessions=(first[0], kind), max_epochs=max_epochs))
+
+
+def resume_equals_uninterrupted(build, *, sessions=("local",), epochs=None,
+                                max_epochs=None, timeout=60):
+    """Resuming from each saved epoch (``epochs``: those only), in a fresh
+    session from a copy of the checkpoints, ends as the uninterrupted run
+    does."""
+    with _Scratch() as scratch:
+        for kind in sessions:
+            expected, last, options, source = _reference(
+                build, scratch, kind, max_epochs=max_epochs, timeout=timeout)
+            for epoch in (range(last + 1) if epochs is None
+                          else sorted(epochs)):
+                copy = scratch.sub(f"resume-{kind}-{epoch}")
+                shutil.copytree(source, copy)
+                with _session(kind) as session:
+                    final, _, _ = _train(build, session, copy, resume=epoch,
+                                         max_epochs=max_epochs,
+                                         timeout=timeout)
+                shutil.rmtree(copy, ignore_errors=True)
+                diff = _difference(expected, final, options)
+                if diff:
+                    raise JobCheckFailed(
+                        "resume_equals_uninterrupted",
+                        f"resumed from epoch {epoch} under {kind}, the job "
+                        f"ends differently: {diff}",
+                        {"epoch": epoch, "session": kind},
+                        _replay("resume_equals_uninterrupted", build,
+                                sessions=(kind,), epochs=[epoch],
+                                max_epochs=max_epochs))
+
+
+def restart_recovers(build, *, sessions=("local", "localhost"), faults=None,
+                     max_examples=20, max_epochs=None, timeout=60):
+    """A node SIGKILLed at an epoch: ``max_restarts=1`` recovers the
+    uninterrupted blobs; without restarts `NodeFailedError` names it.
+    ``faults``: the kills to try (default: each checkpointed node at each
+    epoch, earliest epoch first, at most ``max_examples``)."""
+    with _Scratch() as scratch:
+        references = {kind: _reference(build, scratch, kind,
+                                       max_epochs=max_epochs,
+                                       timeout=timeout)
+                      for kind in sessions}
+        if faults is None:
+            last = min(ref[1] for ref in references.values())
+            nodes = _build(build, None)[0].nodes_to_checkpoint()
+            faults = [Kill(node, at=Epoch(k)) for k in range(1, last + 1)
+                      for node in nodes][:max_examples]
+        for fault in faults:
+            for kind in sessions:
+                expected, _, options, _ = references[kind]
+                _restart_case(build, kind, fault, expected, options, scratch,
+                              max_epochs, timeout)
+
+
+def _restart_case(build, kind, fault, expected, options, scratch,
+                  max_epochs, timeout):
+    def fail(message):
+        raise JobCheckFailed(
+            "restart_recovers", f"under {kind}, {message}",
+            {"fault": fault, "session": kind},
+            _replay("restart_recovers", build, sessions=(kind,),
+                    faults=[fault], max_epochs=max_epochs))
+
+    with _session(kind, faults=FaultPlan(fault)) as session:
+        final, _, _ = _train(build, session, scratch.sub("restart"),
+                             max_epochs=max_epochs, timeout=timeout,
+                             max_restarts=1)
+    diff = _difference(expected, final, options)
+    if diff:
+        fail(f"after {fault!r} and a restart the job ends differently: "
+             f"{diff}")
+    with _session(kind, faults=FaultPlan(fault)) as session:
+        try:
+            _train(build, session, scratch.sub("no-restart"),
+                   max_epochs=max_epochs, timeout=timeout)
+        except NodeFailedError as exc:
+            if exc.node != fault.node:
+                fail(f"{fault!r} without restarts raised NodeFailedError "
+                     f"naming {exc.node!r}, not {fault.node!r}")
+            return
+    fail(f"{fault!r} without restarts raised no NodeFailedError (the "
+         "fault never fired: does the node run in that epoch?)")
+
+
+def schedule_independent(build, *, seeds=None, max_examples=20,
+                         max_epochs=None, timeout=60):
+    """Deterministic schedules (seeds 0, 1, ... or ``seeds``) give the
+    blobs of the first; a job that relies on an unsynchronized race fails
+    with the seed that shows it."""
+    seeds = list(range(max_examples)) if seeds is None else list(seeds)
+    with _Scratch() as scratch:
+        first = None
+        for seed in seeds:
+            with LocalSession(schedule=seed) as session:
+                final, _, options = _train(build, session,
+                                           scratch.sub(f"seed-{seed}"),
+                                           max_epochs=max_epochs,
+                                           timeout=timeout)
+            if first is None:
+                first = (seed, final)
+                continue
+            diff = _difference(first[1], final, options)
+            if diff:
+                raise JobCheckFailed(
+                    "schedule_independent",
+                    f"schedule seed {seed} ends differently from seed "
+                    f"{first[0]}: {diff}", {"seeds": (first[0], seed)},
+                    _replay("schedule_independent", build,
+                            seeds=[first[0], seed], max_epochs=max_epochs))
+
+
+ALL_CHECKS = (sessions_agree, resume_equals_uninterrupted, restart_recovers,
+              schedule_independent)
+
+
+def check_job(build, *, checks=ALL_CHECKS, sessions=("local", "localhost"),
+              max_examples=20, max_epochs=None, timeout=60):
+    """Run ``checks`` on the job ``build()`` makes, in order; raises the
+    first `JobCheckFailed`.  ``sessions``: the session kinds to use
+    (resumes run under the first); ``max_examples`` bounds the kills and
+    seeds tried; ``max_epochs`` caps training; ``timeout`` bounds every
+    run, in seconds."""
+    given = {"sessions": tuple(sessions), "max_examples": max_examples,
+             "max_epochs": max_epochs, "timeout": timeout}
+    for check in checks:
+        accepted = inspect.signature(check).parameters
+        kwargs = {k: v for k, v in given.items() if k in accepted}
+        if check is resume_equals_uninterrupted:
+            kwargs["sessions"] = tuple(sessions)[:1]
+        check(build, **kwargs)

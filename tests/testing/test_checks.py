@@ -1,0 +1,104 @@
+"""check_job and its checks find what they promise: a job that keeps state
+outside its checkpoints fails resume and restart with the smallest
+counter-example and a line that replays it; a correct job passes."""
+
+import numpy as np
+import pytest
+
+from localcluster import Job, Node, Task, epoch_limiter, ops
+from localcluster.testing import (Epoch, JobCheckFailed, Kill, check_job,
+                                  restart_recovers,
+                                  resume_equals_uninterrupted, sessions_agree)
+
+NODES = ("a", "b")
+
+
+def correct_job():
+    """Each node: w <- 1.5 w + 1 per epoch, three epochs."""
+    with Job() as job:
+        for i, node in enumerate(NODES):
+            with Node(node):
+                with job.init_group, Task():
+                    ops.Const(np.full(3, float(i + 1)), name="w")
+                with Task():
+                    ops.Scale(["w"], ["w"], scale=1.5)
+                    ops.Add(["w", ops.Const(np.ones(3))], ["w"])
+        with Node("a"):
+            epoch_limiter(job, 3)
+    return job
+
+
+#: epochs counted by `count`: Python state, outside every checkpoint
+COUNTED = [0]
+
+
+def count(seen):
+    COUNTED[0] += 1
+    return np.array([COUNTED[0]], dtype=np.int64)
+
+
+def python_counter_job():
+    """Node "a" writes how many epochs the Python process it runs in has
+    counted since the job was built: state outside the checkpointed blobs,
+    so a resumed (or restarted) run counts from the wrong place."""
+    COUNTED[0] = 0
+    with Job() as job, Node("a"):
+        with job.init_group, Task():
+            ops.Const(np.array([0]), name="seen")
+        with Task():
+            ops.Python(count)(["seen"], ["seen"])
+        epoch_limiter(job, 3)
+    return job
+
+
+def test_a_correct_job_passes_every_check_but_schedules():
+    check_job(correct_job, checks=(sessions_agree,
+                                   resume_equals_uninterrupted,
+                                   restart_recovers), max_examples=4)
+
+
+def test_state_outside_the_checkpoints_fails_resume_naming_the_epoch():
+    with pytest.raises(JobCheckFailed) as caught:
+        resume_equals_uninterrupted(python_counter_job)
+    failed = caught.value
+    assert failed.check == "resume_equals_uninterrupted"
+    # epoch 0 resumes to three counts, as the uninterrupted run made;
+    # epoch 1 is the first that shows the difference
+    assert failed.counterexample == {"epoch": 1, "session": "local"}
+    assert "epoch 1" in str(failed) and "'seen'" in str(failed)
+    assert failed.replay in str(failed)
+    # the line replays it, alone
+    with pytest.raises(JobCheckFailed) as again:
+        exec(failed.replay, {})
+    assert again.value.counterexample == failed.counterexample
+
+
+def test_state_outside_the_checkpoints_fails_restart_with_the_kill():
+    with pytest.raises(JobCheckFailed) as caught:
+        restart_recovers(python_counter_job, sessions=("localhost",))
+    failed = caught.value
+    # a node process restarted in epoch 2 forgets the count it kept; in
+    # epoch 1 the fresh count happens to be right
+    assert failed.counterexample == {"fault": Kill("a", at=Epoch(2)),
+                                     "session": "localhost"}
+    with pytest.raises(JobCheckFailed) as again:
+        exec(failed.replay, {})
+    assert again.value.counterexample == failed.counterexample
+
+
+def test_tolerances_from_the_jobs_options_are_used():
+    calls = [0]
+
+    def wobbly():
+        calls[0] += 1
+        job = correct_job()
+        # the options make tiny differences acceptable
+        return job, {"rtol": 1e-6}
+
+    sessions_agree(wobbly, sessions=("local", "local"))
+    assert calls[0] == 2
+
+
+def test_a_build_that_returns_no_job_is_a_type_error():
+    with pytest.raises(TypeError, match="Job or"):
+        sessions_agree(lambda: 42, sessions=("local",))
