@@ -30,6 +30,7 @@ This module holds the data only; `localcluster.runtime.faults` fires them.
 """
 
 import dataclasses
+import shlex
 import threading
 
 from ..errors import PlanError
@@ -184,6 +185,25 @@ class FaultPlan:
     def __repr__(self):
         return f"FaultPlan({', '.join(map(repr, self.faults))})"
 
+    def __str__(self):
+        """The plan in the text syntax `parse` reads (see `parse`)."""
+        return "; ".join(map(_text, self.faults))
+
+    @classmethod
+    def parse(cls, text):
+        """A FaultPlan from its text form -- what ``str(plan)`` prints, and
+        what ``--faults`` takes: faults separated by ``;``, each one of ::
+
+            kill NODE at TRIGGER [by sigkill|exit|raise]
+            hang NODE at TRIGGER
+            delay NODE SECONDSs at TRIGGER
+            fail-checkpoint NODE at epoch K
+
+        where TRIGGER is ``epoch K``, ``op TYPE [nth N]`` or ``step NAME``,
+        and a name with spaces or ``;`` is quoted as in a shell.  A
+        PlanError names the part it cannot read and the syntax."""
+        return cls(*(_parse_one(words) for words in _split(text)))
+
     def __eq__(self, other):
         return isinstance(other, FaultPlan) and self.faults == other.faults
 
@@ -221,6 +241,121 @@ class FaultPlan:
         with self._lock:
             self._fired.append(fired)
         return fired
+
+
+# -- the text form ------------------------------------------------------------
+
+SYNTAX = ("kill NODE at TRIGGER [by sigkill|exit|raise]; hang NODE at "
+          "TRIGGER; delay NODE SECONDSs at TRIGGER; fail-checkpoint NODE at "
+          "epoch K -- TRIGGER: epoch K | op TYPE [nth N] | step NAME")
+
+
+def _word(name):
+    return shlex.quote(name) if name != shlex.quote(name) or ";" in name \
+        else name
+
+
+def _at_text(at):
+    if isinstance(at, Epoch):
+        return f"epoch {at.k}"
+    if isinstance(at, Op):
+        return f"op {_word(at.op_type)}" + (f" nth {at.nth}" if at.nth != 1
+                                            else "")
+    return f"step {_word(at.name)}"
+
+
+def _text(fault):
+    node = _word(fault.node)
+    if isinstance(fault, Kill):
+        return f"kill {node} at {_at_text(fault.at)}" + (
+            f" by {fault.how}" if fault.how != "sigkill" else "")
+    if isinstance(fault, Hang):
+        return f"hang {node} at {_at_text(fault.at)}"
+    if isinstance(fault, Delay):
+        return f"delay {node} {fault.seconds!r}s at {_at_text(fault.at)}"
+    return f"fail-checkpoint {node} at epoch {fault.epoch}"
+
+
+def _split(text):
+    """The faults of ``text``: a list of word lists."""
+    if not isinstance(text, str):
+        raise PlanError(f"a fault plan's text must be a str, got {text!r}")
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=";")
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    faults, words = [], []
+    try:
+        for token in lexer:
+            if token and set(token) == {";"}:
+                faults.append(words)
+                words = []
+            else:
+                words.append(token)
+    except ValueError as exc:   # an unclosed quote
+        raise PlanError(f"cannot read the fault plan {text!r}: {exc}") \
+            from None
+    faults.append(words)
+    return [w for w in faults if w]
+
+
+def _bad(words, why):
+    return PlanError(f"cannot read the fault {' '.join(words)!r}: {why}; "
+                     f"write {SYNTAX}")
+
+
+def _number(words, text, kind):
+    try:
+        return kind(text)
+    except ValueError:
+        raise _bad(words, f"{text!r} is not a number") from None
+
+
+def _trigger_of(words, rest):
+    if len(rest) == 2 and rest[0] == "epoch":
+        return Epoch(_number(words, rest[1], int))
+    if len(rest) == 2 and rest[0] == "step":
+        return Step(rest[1])
+    if rest and rest[0] == "op" and len(rest) in (2, 4) and \
+            (len(rest) == 2 or rest[2] == "nth"):
+        return Op(rest[1], _number(words, rest[3], int)
+                  if len(rest) == 4 else 1)
+    raise _bad(words, f"{' '.join(rest) or 'nothing'!r} is no trigger point")
+
+
+def _parse_one(words):
+    kind = words[0]
+    try:
+        if kind == "kill":
+            how = "sigkill"
+            rest = words[3:]
+            if len(rest) >= 2 and rest[-2] == "by":
+                how, rest = rest[-1], rest[:-2]
+            _expect(words, 2, "at")
+            return Kill(words[1], _trigger_of(words, rest), how)
+        if kind == "hang":
+            _expect(words, 2, "at")
+            return Hang(words[1], _trigger_of(words, words[3:]))
+        if kind == "delay":
+            _expect(words, 3, "at")
+            seconds = words[2]
+            if not seconds.endswith("s"):
+                raise _bad(words, f"{seconds!r} needs its unit: 0.5s")
+            return Delay(words[1], _trigger_of(words, words[4:]),
+                         _number(words, seconds[:-1], float))
+        if kind == "fail-checkpoint":
+            _expect(words, 2, "at")
+            if words[3] != "epoch" or len(words) != 5:
+                raise _bad(words, "a checkpoint fails at an epoch")
+            return FailCheckpoint(words[1], _number(words, words[4], int))
+    except IndexError:
+        raise _bad(words, "it ends too soon") from None
+    raise _bad(words, f"{kind!r} is no fault")
+
+
+def _expect(words, index, word):
+    if len(words) <= index or words[index] != word:
+        raise _bad(words, f"expected {word!r} after "
+                          f"{' '.join(words[:index])!r}")
 
 
 def as_fault_plan(faults, who):
