@@ -11,6 +11,7 @@ import time
 
 from . import (JobRunner, LocalClusterError, LocalHostScheduler,
                LocalSession, TaskOutput)
+from .plan.faults import FaultPlan
 from ._rundir import is_run_file
 from ._runfail import describe, resume_hint
 from ._runjob import DEFAULT_JOB, job_nodes
@@ -53,7 +54,7 @@ class Run:
             else LocalSession
         progress = self._header(session_class)
         started = time.monotonic()
-        session = session_class()
+        session = session_class(faults=args.faults)
         try:
             session.trace_steps = self.trace is not None
             self.watch = EpochWatch(self.nodes, metrics,
@@ -186,6 +187,14 @@ class Run:
             restarts=[{"resumed_from": e, "error": m}
                       for e, m in runner.result.restarts])
         progress.line(self.watch.done_line(last, seconds, self.directory))
+        if self.args.faults is not None:
+            fired = self.args.faults.fired()
+            summary["faults_fired"] = [
+                {"fault": str(FaultPlan(f.fault)), "node": f.node,
+                 "time": f.time} for f in fired]
+            progress.line(f"  faults fired: {len(fired)} of "
+                          f"{len(self.args.faults)}" + "".join(
+                              f"; {FaultPlan(f.fault)}" for f in fired))
         if not self._write_trace():
             summary.update(status="error", error="the trace was not written")
             return 1, summary

@@ -41,7 +41,8 @@ import os
 import sys
 import tempfile
 
-from . import LocalClusterError, printer
+from . import LocalClusterError, PlanError, printer
+from ._runcheck import run_checks
 from ._rundir import (TEMP_PREFIX, DirLock, check_fresh, discard_if_unused,
                       make_dir, restore_options, save_options, saved_options,
                       sweep_leftovers)
@@ -52,6 +53,7 @@ from ._runsignals import StopSignals, exit_status
 from ._runtrain import Run
 from ._runtrace import TraceFile
 from .checkpoint_file import remove_partials_under
+from .plan.faults import FaultPlan
 from .runtime import shm
 
 log = logging.getLogger("localcluster.run")
@@ -91,6 +93,17 @@ def _seconds(text):
             f"{text[:40]!r} is not a number of seconds above 0 and at most "
             f"{MAX_SECONDS}")
     return value
+
+
+def _faults(text):
+    try:
+        plan = FaultPlan.parse(text)
+    except PlanError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not len(plan):
+        raise argparse.ArgumentTypeError(
+            "no fault given; e.g. --faults 'kill trainer_1 at epoch 3'")
+    return plan
 
 
 def _resume(text):
@@ -148,6 +161,19 @@ def parser():
                    help="bound every run of the job (an epoch, a "
                         "checkpoint): nodes still running are stopped, and "
                         "the run fails (or restarts, with --max-restarts)")
+    p.add_argument("--faults", type=_faults, metavar="PLAN",
+                   help="inject faults into the run, e.g. 'kill trainer_1 "
+                        "at epoch 3' (several: separated by ';'; see "
+                        "README)")
+    p.add_argument("--check", nargs="?", const="all", metavar="CHECKS",
+                   help="instead of training, check the job: all checks, "
+                        "or a comma list of sessions_agree, "
+                        "resume_equals_uninterrupted, restart_recovers, "
+                        "schedule_independent; exit 1 if one fails")
+    p.add_argument("--max-examples", type=_whole(1, 10 ** 4), default=20,
+                   metavar="N",
+                   help="with --check: the most kills and schedules each "
+                        "check tries (default 20)")
     p.add_argument("--print-plan", action="store_true",
                    help="print the job's plan and exit (with --json: as "
                         "JSON)")
@@ -236,6 +262,8 @@ def _command(args, signals):
                          "give one of them")
     if args.print_plan:
         return _print_plan(args)
+    if args.check is not None:
+        return run_checks(args, out)
     trace = TraceFile(args.trace) if args.trace else None
     given = args.checkpoint_dir
     if given is not None:
@@ -251,6 +279,7 @@ def _command(args, signals):
         else:
             check_fresh(directory, args.overwrite)
         job, options, values = _build(args)
+        _check_fault_nodes(args.faults, job)
         manager = checkpoint_manager(directory, job)
         resume = None if args.resume is None else resume_epoch(
             manager, args.resume, job)
@@ -264,6 +293,15 @@ def _command(args, signals):
     if args.json:
         _json(summary)
     return code
+
+
+def _check_fault_nodes(faults, job):
+    unknown = [n for n in (faults.nodes() if faults else ())
+               if n not in job_nodes(job)]
+    if unknown:
+        raise UsageError(f"--faults names {', '.join(map(repr, unknown))}, "
+                         f"not a node of the job (its nodes: "
+                         f"{', '.join(job_nodes(job))})")
 
 
 def _build(args):

@@ -62,6 +62,7 @@ class JobCheckFailed(AssertionError):
         super().__init__(f"{check}: {message}\n  counter-example: "
                          f"{counterexample}\n  replay: {replay}")
         self.check = check
+        self.message = message
         self.counterexample = counterexample
         self.replay = replay
 
@@ -135,11 +136,16 @@ def _short(value):
 
 
 def _name_of(build):
+    """``(module to import, expression)`` naming ``build`` in a replay
+    line: a function by its module and name, a value with a
+    ``replay_import`` attribute by its repr."""
+    if hasattr(build, "replay_import"):
+        return build.replay_import, repr(build)
     module = getattr(build, "__module__", None)
     name = getattr(build, "__qualname__", None)
     if module and name and "<" not in name:
-        return f"{module}.{name}"
-    return "build"
+        return module, f"{module}.{name}"
+    return None, "build"
 
 
 def _replay(check, build, **kwargs):
@@ -148,8 +154,8 @@ def _replay(check, build, **kwargs):
     names = [check]
     for fault in kwargs.get("faults") or ():
         names += [type(fault).__name__, type(fault.at).__name__]
-    target = _name_of(build)
-    head = f"import {target.rsplit('.', 1)[0]}; " if "." in target else ""
+    module, target = _name_of(build)
+    head = f"import {module}; " if module else ""
     return (f"{head}from localcluster.testing import "
             f"{', '.join(dict.fromkeys(names))}; {check}({target}{args})")
 
@@ -335,8 +341,14 @@ def check_job(build, *, checks=ALL_CHECKS, sessions=("local", "localhost"),
     given = {"sessions": tuple(sessions), "max_examples": max_examples,
              "max_epochs": max_epochs, "timeout": timeout}
     for check in checks:
-        accepted = inspect.signature(check).parameters
-        kwargs = {k: v for k, v in given.items() if k in accepted}
-        if check is resume_equals_uninterrupted:
-            kwargs["sessions"] = tuple(sessions)[:1]
-        check(build, **kwargs)
+        run_one(check, build, given)
+
+
+def run_one(check, build, given):
+    """Run ``check`` with those of ``given`` it takes (resumes: under the
+    first session kind only)."""
+    accepted = inspect.signature(check).parameters
+    kwargs = {k: v for k, v in given.items() if k in accepted}
+    if check is resume_equals_uninterrupted and "sessions" in kwargs:
+        kwargs["sessions"] = tuple(kwargs["sessions"])[:1]
+    check(build, **kwargs)

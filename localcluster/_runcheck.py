@@ -1,0 +1,107 @@
+"""``python -m localcluster.run --check``: the job checks on a job.
+
+Runs `localcluster.testing.check_job`'s checks -- all, or those named
+(``--check sessions_agree,restart_recovers``) -- on the job the command
+line would train, prints a verdict per check and, for a failure, the
+counter-example and one line of Python that replays it.  Exit status 0
+when every check passed, 1 when one failed.
+
+The embedded job runs its trainers with ``--threads 1`` under ``--check``
+unless ``--threads`` is given: hogwild threads make its results depend on
+timing by design, which every check would rightly report.
+"""
+
+import logging
+import time
+
+from ._runjob import DEFAULT_JOB, UsageError, build_job, load_builder
+from .testing import checks as C
+
+__all__ = ["CommandLineJob", "run_checks", "CHECKS"]
+
+#: the checks by name, in the order they run
+CHECKS = {check.__name__: check for check in C.ALL_CHECKS}
+
+
+class CommandLineJob:
+    """``build()`` of the job ``python -m localcluster.run --job SPEC
+    --OPTION VALUE ...`` trains: a value, so a check's replay line names
+    it (``CommandLineJob("pkg.mod:func", nodes=2)``)."""
+
+    replay_import = "localcluster._runcheck"
+
+    def __init__(self, spec=DEFAULT_JOB, **options):
+        self.spec = spec
+        self.options = options
+        self._builder = load_builder(spec)
+
+    def __repr__(self):
+        args = "".join(f", {k}={v!r}" for k, v in self.options.items())
+        return f"localcluster._runcheck.CommandLineJob({self.spec!r}{args})"
+
+    def __call__(self):
+        args = _Args(self.options)
+        job, options, _ = build_job(self._builder, args,
+                                    self.spec == DEFAULT_JOB)
+        return job, options
+
+
+class _Args:
+    """What `build_job` reads of the parsed command line."""
+
+    def __init__(self, options):
+        self._options = options
+
+    def __getattr__(self, name):
+        return self._options.get(name)
+
+
+def selected(names):
+    """The checks ``--check`` names ("all" or a comma list)."""
+    if names == "all":
+        return list(CHECKS.values())
+    chosen = []
+    for name in (n.strip() for n in names.split(",")):
+        if name not in CHECKS:
+            raise UsageError(f"--check: {name!r} is no check; give 'all' or "
+                             f"some of {', '.join(CHECKS)}")
+        chosen.append(CHECKS[name])
+    return chosen
+
+
+def run_checks(args, out):
+    """``--check``: each check's verdict on ``out``; the exit status."""
+    chosen = selected(args.check)
+    options = {k: getattr(args, k) for k in ("nodes", "epochs", "seed",
+                                             "threads")
+               if getattr(args, k) is not None}
+    if args.job is None and "threads" not in options:
+        options["threads"] = 1
+    build = CommandLineJob(args.job or DEFAULT_JOB, **options)
+    build()  # a job that cannot be built is one usage error, at once
+    if args.log_level == "WARNING":
+        # the restarts restart_recovers causes are what it checks, not news
+        logging.getLogger("localcluster.job").setLevel(logging.ERROR)
+    given = {"sessions": ("local", "localhost"),
+             "max_examples": args.max_examples, "timeout": args.timeout or 60}
+    out.write(f"checking {build.spec} ({', '.join(c.__name__ for c in chosen)})"
+              "\n")
+    failed = 0
+    for check in chosen:
+        name = check.__name__
+        out.write(f"  {name} ... ")
+        out.flush()
+        start = time.monotonic()
+        try:
+            C.run_one(check, build, given)
+        except C.JobCheckFailed as exc:
+            failed += 1
+            out.write(f"FAILED ({time.monotonic() - start:.1f} s)\n"
+                      f"    {exc.message}\n"
+                      f"    counter-example: {exc.counterexample}\n"
+                      f"    replay: {exc.replay}\n")
+        else:
+            out.write(f"ok ({time.monotonic() - start:.1f} s)\n")
+        out.flush()
+    out.write(f"{len(chosen) - failed} of {len(chosen)} checks passed\n")
+    return 1 if failed else 0

@@ -1,0 +1,111 @@
+"""python -m localcluster.run --faults and --check, as a user runs them."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*args, timeout=240, **kwargs):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "localcluster.run", *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=env, **kwargs)
+
+
+def final_loss(*args):
+    done = run("--json", "--threads", "1", "--epochs", "3", *args)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    return summary["epochs"][-1]["metrics"]["loss"], summary
+
+
+@pytest.mark.parametrize("session", ["localhost", "local"])
+def test_faults_with_max_restarts_recover_to_the_uninterrupted_loss(
+        session):
+    clean, _ = final_loss("--session", session)
+    loss, summary = final_loss("--session", session, "--faults",
+                               "kill trainer_1 at epoch 2", "--max-restarts",
+                               "1")
+    assert loss == clean
+    assert [r["resumed_from"] for r in summary["restarts"]] == [1]
+    assert summary["faults_fired"][0]["fault"] == "kill trainer_1 at epoch 2"
+    assert summary["faults_fired"][0]["node"] == "trainer_1"
+
+
+def test_without_restarts_a_fault_fails_the_run_naming_the_node():
+    done = run("--threads", "1", "--epochs", "3", "--faults",
+               "kill trainer_0 at epoch 2 by exit")
+    assert done.returncode == 1
+    error = [line for line in done.stderr.splitlines()
+             if line.startswith("error:")]
+    assert len(error) == 1 and "trainer_0" in error[0], done.stderr
+
+
+@pytest.mark.parametrize("text, says", [
+    ("kill nobody at epoch 1", "'nobody', not a node of the job"),
+    ("kill trainer_0 at", "no trigger point"),
+    ("", "no fault given"),
+])
+def test_a_bad_fault_plan_is_a_one_line_usage_error(text, says):
+    done = run("--faults", text)
+    assert done.returncode == 2
+    assert says in done.stderr and len(done.stderr.splitlines()) == 1, \
+        done.stderr
+
+
+def test_check_passes_on_the_embedded_job():
+    done = run("--check", "--epochs", "2", "--max-examples", "2")
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    for check in ("sessions_agree", "resume_equals_uninterrupted",
+                  "restart_recovers", "schedule_independent"):
+        assert f"{check} ... ok" in done.stdout
+    assert "4 of 4 checks passed" in done.stdout
+
+
+STATEFUL = textwrap.dedent("""
+    import numpy as np
+    from localcluster import Job, Node, Task, epoch_limiter, ops
+
+    COUNTED = [0]
+
+    def count(seen):
+        COUNTED[0] += 1
+        return np.array([COUNTED[0]])
+
+    def build(epochs=3):
+        COUNTED[0] = 0
+        with Job() as job, Node("a"):
+            with job.init_group, Task():
+                ops.Const(np.array([0]), name="seen")
+            with Task():
+                ops.Python(count)(["seen"], ["seen"])
+            epoch_limiter(job, epochs)
+        return job
+""")
+
+
+def test_check_of_a_job_with_state_outside_its_checkpoints_fails_and_replays(
+        tmp_path):
+    (tmp_path / "stateful.py").write_text(STATEFUL)
+    job = f"{tmp_path / 'stateful.py'}:build"
+    done = run("--check", "resume_equals_uninterrupted", "--job", job)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "resume_equals_uninterrupted ... FAILED" in done.stdout
+    assert "counter-example: {'epoch': 1, 'session': 'local'}" in done.stdout
+    replay = done.stdout.split("replay: ", 1)[1].splitlines()[0]
+    again = subprocess.run(
+        [sys.executable, "-c", replay], capture_output=True, text=True,
+        timeout=120, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert again.returncode == 1
+    assert "JobCheckFailed" in again.stderr and "epoch 1" in again.stderr
+
+
+def test_check_names_only_known_checks():
+    done = run("--check", "sessions_agree,bogus")
+    assert done.returncode == 2 and "'bogus' is no check" in done.stderr
