@@ -119,9 +119,16 @@ def test_without_restarts_a_kill_raises_node_failed_naming_the_node(
     assert (error.signal_name if how == "sigkill" else error.exitcode) \
         == status
     assert "Kill(node='b'" in str(error)
-    # the node's workspace went with it; the session lives on
+    # the node's workspace went with it; the session lives on, and the
+    # node runs again (restarted, empty) in the next run
     assert not session.has_blob("w", "b")
     assert session.fetch_blob("w", "a").shape == (3,)
+    with TaskGroup(WorkspaceType.GLOBAL) as group:
+        with Node("b"), Task():
+            ops.Const(np.arange(2.0), name="again")
+    session.run(group)
+    assert session.fetch_blob("again", "b").tolist() == [0.0, 1.0]
+    assert [f.node for f in plan.fired()] == ["b"]
 
 
 def test_a_kill_that_raises_is_an_op_error_where_it_fired(session_factory):
