@@ -77,7 +77,11 @@ class LocalHostScheduler(Session):
     instead of on first use.
     """
 
-    def __init__(self, start_method="fork", timeout=None, nodes=None):
+    def __init__(self, start_method="fork", timeout=None, nodes=None,
+                 schedule=None):
+        if schedule is not None:
+            raise TypeError("LocalHostScheduler does not take schedule=; "
+                            "use LocalSession(schedule=...) for one")
         super().__init__()
         if start_method not in multiprocessing.get_all_start_methods():
             raise ValueError(

@@ -2,10 +2,20 @@
 
 - Fault plans (`FaultPlan` of `Kill`, `Hang`, `Delay`, `FailCheckpoint` at
   `Epoch`, `Op` or `Step`), taken by every session as ``faults=``.
+- Deterministic schedules: ``LocalSession(schedule=seed)`` or
+  ``LocalSession(schedule=Schedule(...))`` runs one branch at a time, in
+  an order a seeded generator picks, on a virtual clock;
+  ``session.last_schedule`` and ``Schedule.replay(decisions)`` repeat a
+  run exactly.  A run whose branches all wait for each other raises
+  `DeadlockError`; a replay that does not fit its run,
+  `ScheduleDivergedError`.
 """
 
+from ..errors import DeadlockError, ScheduleDivergedError
 from ..plan.faults import (Delay, Epoch, FailCheckpoint, FaultPlan, Fired,
                            Hang, Kill, Op, Step)
+from ..runtime.schedule import Schedule
 
 __all__ = ["FaultPlan", "Kill", "Hang", "Delay", "FailCheckpoint", "Epoch",
-           "Op", "Step", "Fired"]
+           "Op", "Step", "Fired", "Schedule", "DeadlockError",
+           "ScheduleDivergedError"]
