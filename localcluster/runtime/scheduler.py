@@ -30,14 +30,15 @@ substeps and instances, ``<step>:every:<i>`` for reporters).
 
 Virtual time: the clock stands still while branches run (plus
 ``op_seconds`` per op) and jumps to the earliest timeout when every branch
-waits.  If no branch waits with a timeout either, nothing can ever go on:
-the scheduler records a `DeadlockError` naming each waiting branch and
-what it waits for, goes idle and tells the session (``on_idle``), which
-cancels the run's nodes (their waits then end) and raises the error.  An
-`alarm` (the run's timeout) also leaves the scheduler idle when it is
-due, until the session has acted on it and calls `kick`: whatever the
-session does in between (a cancel) happens at that one point of the
-schedule, so a timed-out run is deterministic too.
+waits.  If no branch waits with a timeout either, nothing can ever go on
+(whatever the run's own timeout): the scheduler records a
+`DeadlockError` naming each waiting branch and what it waits for, goes
+idle and tells the session (``on_idle``), which cancels the run's nodes
+(their waits then end) and raises the error.  An `alarm` (the run's
+timeout) also leaves the scheduler idle when it is due, until the
+session has acted on it and calls `kick`: whatever the session does in
+between (a cancel) happens at that one point of the schedule, so a
+timed-out run is deterministic too.
 
 A wait inside a branch must not hold a lock another branch may take
 while parked: the condition of ``wait(cond, until=...)`` is released
@@ -285,11 +286,14 @@ class Scheduler:
         return ready
 
     def _next_due(self):
-        """The earliest timeout of a waiting branch or alarm, or None."""
+        """The earliest timeout of a waiting branch, or of an alarm before
+        it; None if no branch waits with a timeout -- a pending alarm (the
+        run's timeout) does not save a run from being a deadlock."""
         dues = [b.deadline for b in self._branches.values()
                 if b.state is WAITING and b.deadline is not None]
-        dues.extend(ns for ns, _ in self._alarms)
-        return min(dues) if dues else None
+        if not dues:
+            return None
+        return min(dues + [ns for ns, _ in self._alarms])
 
     def _fire_alarms(self):
         due = [a for a in self._alarms if a[0] <= self._ns]
