@@ -4,8 +4,11 @@ Classes are named by *who* caused the problem: the plan you built
 (`PlanError`), an op that raised inside a node (`TaskFailedError`), a node
 process that died (`NodeFailedError`), a run that took too long
 (`RunTimeoutError`), a session you closed (`SessionClosedError`), a
-checkpoint on disk (`CheckpointError`).  Where a stdlib base fits, it is a
-second base, so ``except ValueError`` still catches a bad plan.
+checkpoint on disk (`CheckpointError`), a run under a deterministic
+schedule whose branches all wait for each other (`DeadlockError`) or
+that strays from the decisions it replays (`ScheduleDivergedError`).
+Where a stdlib base fits, it is a second base, so ``except ValueError``
+still catches a bad plan.
 
 Remote failures keep their meaning: a node's traceback travels back as
 text and becomes the ``__cause__`` of the error raised in the master
@@ -28,6 +31,8 @@ __all__ = [
     "SharedMemoryFullError",
     "RemoteTraceback",
     "Cancelled",
+    "DeadlockError",
+    "ScheduleDivergedError",
 ]
 
 
@@ -176,6 +181,30 @@ class RunTimeoutError(LocalClusterError, TimeoutError):
 class InjectedFault(LocalClusterError):
     """The error a fault plan's ``Kill(how="raise")`` or `FailCheckpoint`
     raises inside a node (see `localcluster.testing`)."""
+
+
+class DeadlockError(LocalClusterError):
+    """Under a deterministic schedule, every branch of a run waits and no
+    timer is pending: nothing could ever go on.  ``waiting`` is
+    ``((branch, what it waits for), ...)``, sorted by branch."""
+
+    def __init__(self, message, *, waiting=()):
+        super().__init__(message)
+        self.waiting = tuple(waiting)
+
+    def __reduce__(self):
+        return (_rebuild_deadlock, (self.args[0], self.waiting))
+
+
+def _rebuild_deadlock(message, waiting):
+    return DeadlockError(message, waiting=waiting)
+
+
+class ScheduleDivergedError(LocalClusterError):
+    """A replayed schedule (``Schedule.replay``) does not fit the run: a
+    decision names a branch that cannot go on there, or the decisions run
+    out or are left over -- the plan or the session's state differ from
+    the run that was recorded."""
 
 
 class Cancelled(LocalClusterError):

@@ -25,7 +25,8 @@ def _channel(ctx, queue, capacity):
 def enqueue_record(ctx, *fields, queue=None, capacity=1):
     """Queue the fields as one record; outputs True if the queue is closed
     (the writer should stop)."""
-    queued = _channel(ctx, queue, capacity).put(fields, ctx.cancelled)
+    queued = _channel(ctx, queue, capacity).put(fields, ctx.cancelled,
+                                                ctx.clock)
     return np.array(not queued)
 
 
@@ -40,7 +41,7 @@ def dequeue_records(ctx, queue=None, capacity=1, num_records=1,
     slot, say): the executor copies it into the workspace before handing
     the slot back."""
     records, finished, done = _channel(ctx, queue, capacity).get(
-        num_records, ctx.cancelled)
+        num_records, ctx.cancelled, ctx.clock)
     if finished:
         empty = tuple(np.zeros(0) for _ in range(num_fields))
         return (np.array(True),) + empty, None
@@ -69,8 +70,10 @@ def atomic_or(ctx, acc, value):
 
 @register_op("Sleep", num_outputs=0, context=True)
 def sleep(ctx, seconds=0.0):
-    """Wait ``seconds``; a cancelled run ends the wait at once."""
-    if ctx.cancelled.wait(float(seconds)):
+    """Wait ``seconds`` (of the run's clock: virtual under a schedule); a
+    cancelled run ends the wait at once."""
+    seconds = float(seconds)
+    if ctx.clock.wait(ctx.cancelled, seconds, what=f"Sleep({seconds:g} s)"):
         raise Cancelled("sleep ended: the run was cancelled")
 
 

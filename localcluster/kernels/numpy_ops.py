@@ -14,7 +14,6 @@ take numpy's type of ``value`` (a Python int is int64, a float float64).
 
 import functools
 import sys
-import time
 
 import numpy as np
 
@@ -277,31 +276,33 @@ def atomic_add(ctx, acc, value):
 
 
 # -- timers: int64 [start_ns, end_ns] (end_ns == -1 while running) -----------------
+# They read the run's clock: real time, or a deterministic schedule's
+# virtual time (so a ReaderWithTimeLimit keeps to virtual seconds there).
 
-@register_op("TimerBegin")
-def timer_begin():
-    return np.array([time.perf_counter_ns(), -1], dtype=np.int64)
+@register_op("TimerBegin", context=True)
+def timer_begin(ctx):
+    return np.array([ctx.clock.now_ns(), -1], dtype=np.int64)
 
 
-def _elapsed(timer):
-    end = timer[1] if timer[1] >= 0 else time.perf_counter_ns()
+def _elapsed(ctx, timer):
+    end = timer[1] if timer[1] >= 0 else ctx.clock.now_ns()
     return np.array(end - timer[0], dtype=np.int64)
 
 
-@register_op("TimerEnd", num_outputs=0)
-def timer_end(timer):
-    timer[1] = time.perf_counter_ns()
+@register_op("TimerEnd", num_outputs=0, context=True)
+def timer_end(ctx, timer):
+    timer[1] = ctx.clock.now_ns()
 
 
-@register_op("TimerGetAndEnd")
-def timer_get_and_end(timer):
-    timer[1] = time.perf_counter_ns()
-    return _elapsed(timer)
+@register_op("TimerGetAndEnd", context=True)
+def timer_get_and_end(ctx, timer):
+    timer[1] = ctx.clock.now_ns()
+    return _elapsed(ctx, timer)
 
 
-@register_op("TimerGet")
-def timer_get(timer):
-    return _elapsed(timer)
+@register_op("TimerGet", context=True)
+def timer_get(ctx, timer):
+    return _elapsed(ctx, timer)
 
 
 # -- host interaction -----------------------------------------------------------

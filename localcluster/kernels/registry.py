@@ -25,6 +25,7 @@ import inspect
 import threading
 
 from ..errors import PlanError
+from ..runtime.clock import REAL_TIME
 
 __all__ = ["register_op", "OpSchema", "OpContext", "lookup", "op_names",
            "close_matches"]
@@ -74,20 +75,32 @@ class OpSchema:
 
 
 class OpContext:
-    """What a ``context=True`` kernel may use of the node running it."""
+    """What a ``context=True`` kernel may use of the node running it.
 
-    __slots__ = ("node", "lock", "cancelled", "resources", "op")
+    ``clock`` is the clock of the run in progress (real time, or a
+    deterministic schedule's virtual time): a kernel that reads the time
+    or waits uses it (see `localcluster.runtime.clock`)."""
 
-    def __init__(self, node, lock, cancelled, resources=None, op=None):
+    __slots__ = ("node", "lock", "cancelled", "resources", "op", "run")
+
+    def __init__(self, node, lock, cancelled, resources=None, op=None,
+                 run=None):
         self.node = node
         self.lock = lock            # node-wide: atomic counter ops
         self.cancelled = cancelled  # threading.Event set when the run stops
         self.resources = resources if resources is not None else {}
         self.op = op                # the op being run (names, arguments)
+        self.run = run              # what holds the run's ``clock``
+
+    @property
+    def clock(self):
+        if self.run is None:
+            return REAL_TIME
+        return self.run.clock
 
     def for_op(self, op):
         return OpContext(self.node, self.lock, self.cancelled,
-                         self.resources, op)
+                         self.resources, op, self.run)
 
 
 def _keyword_names(kernel):

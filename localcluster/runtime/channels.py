@@ -10,10 +10,14 @@ channel there).
 A channel holds records -- tuples of arrays whose first axis is the batch.
 ``put`` blocks while the channel is full, ``get(n)`` until ``n`` records
 are queued or the channel is closed (then it takes what is left).  A
-waiter sleeps on the channel's condition and is woken by whatever changes
-what it waits for: a put, a get, a close -- or the hub being *aborted*,
-which a cancelled run does (the hub subscribes to the run's `CancelEvent`),
-so the waiter raises `Cancelled` at once.  No wait polls.
+waiter waits on the channel's condition through the run's clock
+(``clock.wait(cond, until=...)``, see `localcluster.runtime.clock`) and is
+woken by whatever changes what it waits for: a put, a get, a close -- or
+the hub being *aborted*, which a cancelled run does (the hub subscribes to
+the run's `CancelEvent`), so the waiter raises `Cancelled` at once.  No
+wait polls.  Under a deterministic schedule the same waits are the
+schedule's switch points, and what they wait for is what a
+`DeadlockError` reports.
 """
 
 import collections
@@ -22,34 +26,45 @@ import threading
 import numpy as np
 
 from ..errors import Cancelled
+from .clock import REAL_TIME
 
 __all__ = ["LocalChannel", "ChannelHub"]
 
-#: seconds after which a waiter looks again even unwoken: a safety net
-#: only -- every state change notifies, so nothing depends on it
-SAFETY_WAKE = 5.0
-
 
 class LocalChannel:
-    """A bounded, closable queue of records between threads."""
+    """A bounded, closable queue of records between threads; ``name``
+    says which queue it is in what its waits report."""
 
-    def __init__(self, capacity):
+    def __init__(self, capacity, name=None):
         self.capacity = max(1, int(capacity))
         self._items = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
         self._aborted = False
+        self.name = name
+
+    def __repr__(self):
+        return (f"LocalChannel({self.name!r}, {len(self._items)}/"
+                f"{self.capacity}{', closed' if self._closed else ''})")
 
     def _check(self, cancelled):
         if self._aborted or (cancelled is not None and cancelled.is_set()):
             raise Cancelled("queue wait ended: the run was cancelled")
 
-    def put(self, record, cancelled=None):
+    def _stopped(self, cancelled):
+        return self._aborted or (cancelled is not None and
+                                 cancelled.is_set())
+
+    def put(self, record, cancelled=None, clock=REAL_TIME):
         """Enqueue ``record``; False (nothing queued) if the queue is closed."""
         with self._cond:
             while not self._closed and len(self._items) >= self.capacity:
                 self._check(cancelled)
-                self._cond.wait(SAFETY_WAKE)
+                clock.wait(self._cond, until=lambda: (
+                    self._closed or len(self._items) < self.capacity or
+                    self._stopped(cancelled)),
+                    what=f"room in queue {self.name!r} (it holds "
+                         f"{self.capacity} records)")
             self._check(cancelled)
             if self._closed:
                 return False
@@ -58,7 +73,7 @@ class LocalChannel:
             self._cond.notify_all()
             return True
 
-    def get(self, n, cancelled=None):
+    def get(self, n, cancelled=None, clock=REAL_TIME):
         """Up to ``n`` records: ``n`` of them, or what is left once closed.
 
         Returns ``(records, finished, done)``; ``finished`` is true when
@@ -70,7 +85,11 @@ class LocalChannel:
         with self._cond:
             while not self._closed and len(self._items) < n:
                 self._check(cancelled)
-                self._cond.wait(SAFETY_WAKE)
+                clock.wait(self._cond, until=lambda: (
+                    self._closed or len(self._items) >= n or
+                    self._stopped(cancelled)),
+                    what=f"{n} record(s) from queue {self.name!r} (it "
+                         f"holds {len(self._items)}, open)")
             self._check(cancelled)
             take = min(n, len(self._items))
             records = [self._items.popleft() for _ in range(take)]

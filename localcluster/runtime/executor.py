@@ -22,6 +22,14 @@ Semantics (see `localcluster.plan.step`):
   the original exception as its cause.  Waits here are bounded by the
   session, which cancels the run (and, for a process, kills it) when its
   timeout expires.
+
+Threads, waits and time go through the run's clock (``rc.clock``, see
+`localcluster.runtime.clock`): real threads and real time normally, a
+deterministic schedule on a virtual clock when the host gives the run a
+`Scheduler`.  Then the nets of a step run through `_run_net_switching`,
+which offers the baton to the other branches before every op; the plain
+`_run_net` loop, the one every run without a schedule takes, has no such
+call in it.
 """
 
 import functools
@@ -38,6 +46,7 @@ from ..errors import (BlobNotFoundError, Cancelled, TaskFailedError,
 from ..kernels import registry
 from ..kernels.registry import OpContext
 from .cancel import CancelEvent
+from .clock import REAL_TIME
 
 __all__ = ["RunContext", "execute"]
 
@@ -64,18 +73,22 @@ class RunContext:
         self.cancelled = cancelled if cancelled is not None \
             else CancelEvent()
         self.op_context = OpContext(node, lock, self.cancelled,
-                                    resources if resources is not None else {})
+                                    resources if resources is not None else {},
+                                    run=self)
         self._compiled = {}
         self._compile_lock = threading.Lock()
         self.trace = None   # a list: the run records its step spans there
+        #: the run's clock: `REAL_TIME`, or the run's `Scheduler`
+        self.clock = REAL_TIME
         #: the node's `NodeFaults` (None: no fault names this node); set
         #: before the first run, since compiled ops bind it
         self.faults = None
         self.fault_steps = None   # step names a fault names, or None
 
-    def begin(self, trace=False):
+    def begin(self, trace=False, clock=None):
         self.cancelled.clear()
         self.trace = [] if trace else None
+        self.clock = REAL_TIME if clock is None else clock
 
     def check(self):
         if self.cancelled.is_set():
@@ -148,9 +161,10 @@ def _accessors(ws):
     return ws.get, ws.set
 
 
-def _run_net(net, code, get, put, ws, rc, task, step):
+def _run_net(net, code, get, put, ws, rc, task, step, first=0):
     # Cancellation is checked per net: one op cannot loop, and blocking ops
-    # watch the cancellation event themselves.
+    # watch the cancellation event themselves.  ``code`` may be a slice of
+    # the net's ops that starts at op ``first``.
     if rc.cancelled.is_set():
         raise Cancelled(f"run on node {rc.node!r} was cancelled")
     ndarray, asarray = np.ndarray, np.asarray
@@ -177,7 +191,17 @@ def _run_net(net, code, get, put, ws, rc, task, step):
             raise
         except Exception as exc:
             raise _fail(rc, _missing_blob(exc, ws, code[index][1]), task,
-                        step, net, index) from exc
+                        step, net, first + index) from exc
+
+
+def _run_net_switching(net, code, get, put, ws, rc, task, step):
+    """`_run_net` under a schedule: a switch point before every op (never
+    inside one: an op may hold the node's lock)."""
+    point = rc.clock.point
+    for index in range(len(code)):
+        point()
+        _run_net(net, code[index:index + 1], get, put, ws, rc, task, step,
+                 index)
 
 
 def _missing_blob(exc, ws, inputs):
@@ -332,16 +356,17 @@ def _passes(step, regular, ws, rc, task):
     if step.nets:
         nets = [(net, rc.compiled(net)) for net in step.nets]
         get, put = _accessors(ws)
+        run_net = _run_net_switching if rc.clock.switches else _run_net
         if step.should_stop_blob is None:  # plain repetition: no stop test
             for _ in range(limit):
                 for net, code in nets:
-                    _run_net(net, code, get, put, ws, rc, task, step)
+                    run_net(net, code, get, put, ws, rc, task, step)
             return
         stop = step.should_stop_blob
         i = 0
         while limit is None or i < limit:
             for net, code in nets:
-                _run_net(net, code, get, put, ws, rc, task, step)
+                run_net(net, code, get, put, ws, rc, task, step)
                 if _stopped(stop, ws):
                     return
             i += 1
@@ -364,7 +389,8 @@ def _passes(step, regular, ws, rc, task):
 
 
 def run_concurrently(fns, rc, name):
-    """Run ``fns`` on threads; the first failure cancels the others."""
+    """Run ``fns`` as concurrent branches (threads) named ``<name>:<i>``;
+    the first failure cancels the others."""
     errors = []
 
     def target(fn):
@@ -374,20 +400,17 @@ def run_concurrently(fns, rc, name):
             errors.append(exc)
             rc.cancelled.set()
 
-    threads = [threading.Thread(target=target, args=(fn,), daemon=True,
-                                name=f"lc:{rc.node}:{name}:{i}")
-               for i, fn in enumerate(fns)]
+    branches = rc.clock.branches(
+        [f"{name}:{i}" for i in range(len(fns))],
+        [functools.partial(target, fn) for fn in fns], f"lc:{rc.node}:{name}")
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()  # bounded by cancellation: see the module docstring
+        branches.start()
+        branches.join()  # bounded by cancellation: see the module docstring
     except BaseException:
         # Interrupted (Ctrl-C in the caller's thread): stop the branches
         # before leaving, so none goes on writing to the workspace.
         rc.cancelled.set()
-        for t in threads:
-            t.join(CANCEL_JOIN)
+        branches.stop(CANCEL_JOIN)
         raise
     _raise_first(errors)
 
@@ -399,24 +422,25 @@ def _raise_first(errors):
 
 
 class _Reporters:
-    """Timer threads for the ``run_every_ms`` substeps of one step."""
+    """Timer branches (threads) for the ``run_every_ms`` substeps of one
+    step, named ``<substep>:every:<i>``."""
 
     def __init__(self, steps, ws, rc, task):
         self._done = threading.Event()
         self._final = False
         self._errors = []
-        self._threads = [
-            threading.Thread(target=self._loop, args=(s, ws, rc, task),
-                             daemon=True, name=f"lc:{rc.node}:{s.name}")
-            for s in steps]
-        for t in self._threads:
-            t.start()
+        self._branches = rc.clock.branches(
+            [f"{s.name}:every:{i}" for i, s in enumerate(steps)],
+            [functools.partial(self._loop, s, ws, rc, task) for s in steps],
+            f"lc:{rc.node}:every")
+        self._branches.start()
 
     def _loop(self, step, ws, rc, task):
         interval = step.run_every_ms / 1000.0
+        what = f"the {step.run_every_ms} ms timer of step {step.name!r}"
         try:
             while True:
-                done = self._done.wait(interval)
+                done = rc.clock.wait(self._done, interval, what=what)
                 if done and not self._final:
                     return
                 execute(step, ws, rc, task)
@@ -429,8 +453,7 @@ class _Reporters:
     def finish(self, run_once_more):
         self._final = run_once_more and not self._errors
         self._done.set()
-        for t in self._threads:
-            t.join()  # bounded by cancellation, as above
+        self._branches.join()  # bounded by cancellation, as above
 
     def raise_errors(self, real_only=False):
         errors = self._errors

@@ -32,6 +32,11 @@ What a fault does:
 - `Hang`: waits for the run's cancellation (its timeout, or a failure
   elsewhere), then leaves as a cancelled run does;
 - `Delay`: waits ``seconds`` (a cancellation cuts it short).
+
+Both wait on the run's clock: under a deterministic schedule a `Delay`
+takes virtual time, and a `Hang` is a branch waiting for its cancel (a run
+whose every branch then waits is a `DeadlockError`, unless its timeout
+comes first).
 """
 
 import collections
@@ -111,6 +116,7 @@ class NodeFaults:
         self.book = book
         self.die = die
         self.cancelled = None      # the runtime's CancelEvent (set by it)
+        self.clock = None          # () -> the run's clock (set by it)
         self._epochs = collections.defaultdict(list)
         self._steps = collections.defaultdict(list)
         self._ops = collections.defaultdict(list)
@@ -185,11 +191,13 @@ class NodeFaults:
                                           f"{self.node!r}"), where)
             self.die(fault.how, fault)
         elif isinstance(fault, Hang):
-            self.cancelled.wait()
+            self.clock().wait(self.cancelled, None,
+                              what=f"nothing: {fault!r} holds it")
             raise Cancelled(f"{fault!r}: the hung run on node "
                             f"{self.node!r} was cancelled")
         elif isinstance(fault, Delay):
-            if self.cancelled.wait(fault.seconds):
+            if self.clock().wait(self.cancelled, fault.seconds,
+                                 what=f"the end of {fault!r}"):
                 raise Cancelled(f"run on node {self.node!r} was cancelled "
                                 f"during {fault!r}")
 

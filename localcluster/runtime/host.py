@@ -3,7 +3,8 @@
 ::
 
     host (a LocalSession thread | a node process | an engine's worker)
-      load(plan_id, plan) / run(run_id, plan_id, channels=...) --> outputs
+      load(plan_id, plan) / run(run_id, plan_id, channels=..., clock=...)
+                                                           --> outputs
       cancel(run_id)   from any thread, also before the run starts
       fetch / feed / blobs / has   on the node's global workspace
                  |
@@ -23,6 +24,11 @@ signal racing a pipe) cancels it as it starts.  Queues come from
 what the host passed to `run` for that run (LocalSession: the run's
 shared in-process channels; a node process: the shared-memory channel
 descriptors the master sent); they start empty and open at every run.
+
+``clock`` is the run's clock (`localcluster.runtime.clock`): None for
+real time, or a deterministic schedule's `Scheduler`, which the host
+makes per run (LocalSession: one for all the nodes of a run) and on whose
+branch the host calls `run`.
 """
 
 import collections
@@ -33,6 +39,7 @@ import time
 from ..plan.node_plan import NodePlan
 from .cancel import CancelEvent
 from .channels import ChannelHub, LocalChannel
+from .clock import REAL_TIME
 from .executor import RunContext
 from .node import run_node_plan
 from .workspace import Workspace
@@ -50,10 +57,11 @@ def local_channels(queue_id, capacity, channels):
     """The default channel factory: one in-process channel per queue and
     run, shared by every runtime given the same ``channels`` dict."""
     if channels is None:
-        return LocalChannel(capacity)
+        return LocalChannel(capacity, queue_id)
     found = channels.get(queue_id)
     if found is None:
-        found = channels.setdefault(queue_id, LocalChannel(capacity))
+        found = channels.setdefault(queue_id,
+                                    LocalChannel(capacity, queue_id))
     return found
 
 
@@ -93,6 +101,7 @@ class NodeRuntime:
         self.faults = faults if faults else None
         if self.faults is not None:
             faults.cancelled = self.cancelled
+            faults.clock = lambda: self._rc.clock
             self._rc.faults = faults
             self._rc.fault_steps = faults.steps or None
         self._plans = collections.OrderedDict()
@@ -123,14 +132,15 @@ class NodeRuntime:
     # -- runs ---------------------------------------------------------------
 
     def run(self, run_id, plan, channels=None, trace=False,
-            copy_outputs=True, epoch=None):
+            copy_outputs=True, epoch=None, clock=None):
         """Run ``plan`` (a `NodePlan`, or the id of a loaded one) as run
-        ``run_id``; its `RunResult`.  ``epoch``: the JobRunner epoch this
-        run is the node's part of (for `Epoch` faults), or None.  Raises
-        what the run raised: `TaskFailedError`, `Cancelled`, ..."""
+        ``run_id`` on ``clock`` (None: real time); its `RunResult`.
+        ``epoch``: the JobRunner epoch this run is the node's part of (for
+        `Epoch` faults), or None.  Raises what the run raised:
+        `TaskFailedError`, `Cancelled`, ..."""
         if not isinstance(plan, NodePlan):
             plan = self.plan(plan)
-        self._begin(run_id, channels, trace)
+        self._begin(run_id, channels, trace, clock)
         start = time.perf_counter()
         try:
             if self.faults is not None and epoch is not None:
@@ -144,13 +154,14 @@ class NodeRuntime:
             raise
         finally:
             self._current = None  # a late cancel of it now does nothing
+            self._rc.clock = REAL_TIME  # the run's scheduler is not kept
         return RunResult(outputs, time.perf_counter() - start,
                          self._rc.trace)
 
-    def _begin(self, run_id, channels, trace):
+    def _begin(self, run_id, channels, trace, clock):
         with self._lock:
             self._current = run_id
-            self._rc.begin(trace)
+            self._rc.begin(trace, clock)
             self._hub.begin(channels)
             if self._cancelled_upto >= run_id:
                 self.cancelled.set()

@@ -34,7 +34,10 @@ process, under a thread lock.  Every wait is one ``poll`` on the FIFO
 (which posts wake-up tokens) or a cancelled run -- also a dead peer, as
 the master then cancels the run -- wakes it at once; nothing polls
 repeatedly.  (``poll``, not ``select``: a node with hundreds of queues
-holds descriptors numbered past select's limit of 1024.)
+holds descriptors numbered past select's limit of 1024.)  These waits
+are real time whatever the run's clock (``put``/``get`` take it and leave
+it): a deterministic schedule runs its nodes in one process, with
+in-process channels.
 
 Every name a channel makes ends in a random part -- the master's prefix,
 and a slot segment's generation, a random number (not a count) -- so that
@@ -250,7 +253,7 @@ class ShmChannel:
                     return pool.pop()
             self._wait(self._free, cancelled)
 
-    def put(self, record, cancelled=None):
+    def put(self, record, cancelled=None, clock=None):
         """Enqueue ``record``; False (nothing queued) if the queue is closed."""
         slot = self._take_slot(cancelled)
         if slot is None:
@@ -319,7 +322,7 @@ class ShmChannel:
 
     # -- consumer -----------------------------------------------------------
 
-    def get(self, n, cancelled=None):
+    def get(self, n, cancelled=None, clock=None):
         """Up to ``n`` records: ``(records, finished, done)``.
 
         The records are views on the queue's slots, lent until ``done()``

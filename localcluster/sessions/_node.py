@@ -120,7 +120,7 @@ class _ShmChannels:
     def __call__(self, queue_id, capacity, descriptors):
         desc = descriptors.get(queue_id) if descriptors else None
         if desc is None:
-            return LocalChannel(capacity)
+            return LocalChannel(capacity, queue_id)
         channel = self.kept.get(desc["prefix"])
         if channel is None:
             channel = self.kept[desc["prefix"]] = ShmChannel(desc)

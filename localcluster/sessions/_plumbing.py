@@ -12,6 +12,7 @@ knows of plans or runs.
 import ctypes
 import io
 import logging
+import multiprocessing
 import os
 import resource
 import select
@@ -25,7 +26,7 @@ import psutil
 from ..errors import PlanError
 
 __all__ = ["set_parent_death_signal", "reset_signal_handlers", "Output",
-           "apply_node_options", "check_cpus"]
+           "apply_node_options", "check_cpus", "check_arguments"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -164,3 +165,19 @@ def check_cpus(name, kwargs):
             raise PlanError(
                 f"Node({name!r}) asks for cpus {missing} but this process "
                 f"may only use cpus {available}; pick from those")
+
+
+def check_arguments(start_method, timeout, schedule):
+    """LocalHostScheduler's arguments, or the error naming the bad one."""
+    if schedule is not None:
+        raise TypeError("LocalHostScheduler does not take schedule=; use "
+                        "LocalSession(schedule=...) for one")
+    if start_method not in multiprocessing.get_all_start_methods():
+        raise ValueError(
+            f"start_method {start_method!r} is not available here; use one "
+            f"of {multiprocessing.get_all_start_methods()}")
+    if timeout is not None and (isinstance(timeout, bool) or not
+                                isinstance(timeout, (int, float)) or
+                                timeout <= 0):
+        raise ValueError(f"timeout must be a positive number of seconds, "
+                         f"got {timeout!r}")

@@ -12,8 +12,17 @@ in-process channel here.
 A thread stuck inside one op (a Python op that never returns) cannot be
 stopped in-process: the driver's ``kill`` of such a node marks the session
 broken (``is_open()`` is False) rather than leave it hung.
+
+``LocalSession(schedule=seed_or_Schedule)`` runs every run under a
+deterministic schedule (`localcluster.runtime.scheduler`, hosted by
+`_threads.run_scheduled`): one branch at a time, picked by the schedule,
+on a virtual clock that the session keeps from run to run (it starts at
+0, so timers read the same in every fresh session).  Each run starts the
+schedule afresh: its decisions depend on the seed, the plan and the
+workspaces only; ``last_schedule`` holds them after the run.
 """
 
+import functools
 import itertools
 import logging
 import os
@@ -24,30 +33,38 @@ import weakref
 
 import numpy as np
 
-from ..errors import BlobNotFoundError, NodeFailedError, RunTimeoutError
+from ..errors import BlobNotFoundError, NodeFailedError
 from ..plan.validate import check_cross_node_queues, feedable, queues_of
 from ..runtime.faults import (FaultBook, NodeDeath, NodeFaults,
                               die_in_thread, faults_of_node)
 from ..runtime.host import NodeRuntime
+from ..runtime.schedule import as_schedule
 from . import driver
+from ._threads import (CANCEL_GRACE, ThreadRunIO, run_node, run_scheduled,
+                       work)
 from .base import Session
 
 __all__ = ["LocalSession"]
 
 log = logging.getLogger(__name__)
 
-#: seconds a cancelled run's threads get to stop before the session breaks
-CANCEL_GRACE = 2.0
-
 
 class LocalSession(Session):
-    """Run every node in this process (see the module docstring)."""
+    """Run every node in this process (see the module docstring).
 
-    def __init__(self, faults=None):
+    ``schedule``: None (threads run freely), a seed (an int) or a
+    `localcluster.testing.Schedule`; ``faults``: a `FaultPlan` to fire."""
+
+    def __init__(self, schedule=None, faults=None):
         super().__init__(faults=faults)
         if self.faults is not None:
             self._fault_times = np.zeros(len(self.faults))
             self._fault_book = FaultBook(self._fault_times)
+        self._schedule = as_schedule(schedule)
+        #: under a schedule, the decisions of the last run (branch names),
+        #: for ``Schedule.replay``; None without a schedule
+        self.last_schedule = None
+        self._virtual_ns = 0
         self._runtimes = {}
         self._workers = {}
         self._rids = itertools.count(1)
@@ -55,8 +72,26 @@ class LocalSession(Session):
         self._checked = None   # the plans of the last run, found valid
 
     def __repr__(self):
-        return f"LocalSession(nodes={sorted(self._runtimes)}, " \
+        schedule = "" if self._schedule is None else f"{self._schedule!r}, "
+        return f"LocalSession({schedule}nodes={sorted(self._runtimes)}, " \
                f"{self._state.value})"
+
+    @property
+    def schedule(self):
+        """The `Schedule` every run follows, or None.  Settable between
+        runs -- a seed to set a workspace up, then the replay of the run
+        that matters -- but not to or from None: a session's nodes run
+        under a schedule or not, for its whole life."""
+        return self._schedule
+
+    @schedule.setter
+    def schedule(self, value):
+        value = as_schedule(value, "LocalSession.schedule")
+        if (value is None) != (self._schedule is None):
+            raise ValueError(
+                "a session runs under a schedule or not for its whole life; "
+                "open a new LocalSession(schedule=...) instead")
+        self._schedule = value
 
     def node_pids(self):
         """``{node: pid}``: every node of this session is this process."""
@@ -100,7 +135,7 @@ class LocalSession(Session):
         worker = self._workers.get(node)
         if worker is None:
             worker = self._workers[node] = queue.SimpleQueue()
-            threading.Thread(target=_work, args=(worker,), daemon=True,
+            threading.Thread(target=work, args=(worker,), daemon=True,
                              name=f"lc:{node}").start()
         return worker
 
@@ -112,6 +147,8 @@ class LocalSession(Session):
         rid = next(self._rids)
         channels = {}  # queues start empty and open at every run
         trace = self.trace_steps
+        if self._schedule is not None:
+            return run_scheduled(self, plans, rid, channels, trace, timeout)
         if len(plans) == 1 and timeout is None:
             plan = plans[0]
             runtime = self._runtime(plan.node)
@@ -125,11 +162,11 @@ class LocalSession(Session):
                 raise
             self._finished(plan.node, result)
             return {plan.node: result.outputs}
-        io = _ThreadRunIO(self, timeout)
+        io = ThreadRunIO(self, timeout)
         for plan in plans:
-            self._worker(plan.node).put(
-                (self._runtime(plan.node), rid, plan, channels, trace,
-                 self.current_epoch, io.events))
+            self._worker(plan.node).put(functools.partial(
+                run_node, self._runtime(plan.node), rid, plan, channels,
+                trace, io.events, self.current_epoch))
         state = driver.start([p.node for p in plans], rid, time.monotonic(),
                              timeout)
         return driver.drive(state, io, CANCEL_GRACE, timeout)
@@ -175,63 +212,3 @@ class LocalSession(Session):
         self._check_open()
         runtime = self._runtimes.get(str(node))
         return runtime is not None and runtime.has(name)
-
-
-class _ThreadRunIO(driver.RunIO):
-    """The driver's I/O for nodes on worker threads."""
-
-    def __init__(self, session, timeout):
-        self.session = session
-        self.timeout = timeout
-        self.events = queue.SimpleQueue()   # (node, result, error)
-
-    now = staticmethod(time.monotonic)
-
-    def wait(self, timeout):
-        events = self.events
-        try:
-            found = [self._event(*events.get(timeout=timeout))]
-        except queue.Empty:
-            return []
-        while not events.empty():
-            found.append(self._event(*events.get_nowait()))
-        return found
-
-    def _event(self, node, result, error):
-        if isinstance(error, NodeDeath):
-            return (driver.DIED, node, self.session._died(error))
-        if error is not None:
-            return (driver.FAILED, node, error)
-        self.session._finished(node, result)
-        return (driver.DONE, node, result.outputs)
-
-    def cancel(self, nodes, rid):
-        for node in nodes:
-            self.session._runtime(node).cancel(rid)
-
-    def kill(self, nodes):
-        # a thread cannot be stopped from outside: the session breaks
-        self.session._mark_broken(
-            f"{len(nodes)} node thread(s) did not stop within "
-            f"{CANCEL_GRACE} s of a cancelled run")
-
-    def timeout_error(self, timeout, late, killed):
-        return RunTimeoutError(
-            f"run did not finish within {timeout} s; it was cancelled"
-            + (f" ({len(killed)} node thread(s) did not stop, so the session "
-               "is now broken)" if killed else ""), nodes=late, killed=killed)
-
-
-def _work(jobs):
-    """A node's worker thread: runs the plans handed to it, in order."""
-    while True:
-        job = jobs.get()
-        if job is None:
-            return
-        runtime, rid, plan, channels, trace, epoch, events = job
-        try:
-            result = runtime.run(rid, plan, channels, trace, epoch=epoch)
-        except BaseException as exc:  # noqa: BLE001 - handed to the driver
-            events.put((plan.node, None, exc))
-        else:
-            events.put((plan.node, result, None))

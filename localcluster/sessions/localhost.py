@@ -51,7 +51,7 @@ from ._handle import (CONN, SENTINEL, SHUTDOWN_STEP, START_TIMEOUT,
                       NodeHandle, NodeState, Poller, await_ready, join_all,
                       read_goodbyes, wait_events)
 from ._logpump import LogPump
-from ._plumbing import check_cpus
+from ._plumbing import check_arguments, check_cpus
 from ._prepare import Prepared, QueueChannels, run_message
 from ._shmread import SegmentReader
 from .base import Session
@@ -80,17 +80,9 @@ class LocalHostScheduler(Session):
     """
 
     def __init__(self, start_method="fork", timeout=None, nodes=None,
-                 faults=None):
+                 faults=None, schedule=None):
+        check_arguments(start_method, timeout, schedule)
         super().__init__(faults=faults)
-        if start_method not in multiprocessing.get_all_start_methods():
-            raise ValueError(
-                f"start_method {start_method!r} is not available here; use "
-                f"one of {multiprocessing.get_all_start_methods()}")
-        if timeout is not None and (isinstance(timeout, bool) or not
-                                    isinstance(timeout, (int, float)) or
-                                    timeout <= 0):
-            raise ValueError(f"timeout must be a positive number of seconds,"
-                             f" got {timeout!r}")
         self._ctx = multiprocessing.get_context(start_method)
         self._start_method = start_method
         self._default_timeout = timeout

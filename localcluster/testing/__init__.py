@@ -2,18 +2,28 @@
 
 - Fault plans (`FaultPlan` of `Kill`, `Hang`, `Delay`, `FailCheckpoint` at
   `Epoch`, `Op` or `Step`), taken by every session as ``faults=``.
+- Deterministic schedules: ``LocalSession(schedule=seed)`` or
+  ``LocalSession(schedule=Schedule(...))`` runs one branch at a time, in
+  an order a seeded generator picks, on a virtual clock;
+  ``session.last_schedule`` and ``Schedule.replay(decisions)`` repeat a
+  run exactly.  A run whose branches all wait for each other raises
+  `DeadlockError`; a replay that does not fit its run,
+  `ScheduleDivergedError`.
 - Job checks (`check_job` and its four checks, each a function of its
   own), raising `JobCheckFailed` with the smallest counter-example and a
   line of Python that replays it.
 """
 
+from ..errors import DeadlockError, ScheduleDivergedError
 from .checks import (ALL_CHECKS, JobCheckFailed, check_job,
                      restart_recovers, resume_equals_uninterrupted,
                      schedule_independent, sessions_agree)
 from ..plan.faults import (Delay, Epoch, FailCheckpoint, FaultPlan, Fired,
                            Hang, Kill, Op, Step)
+from ..runtime.schedule import Schedule
 
 __all__ = ["FaultPlan", "Kill", "Hang", "Delay", "FailCheckpoint", "Epoch",
-           "Op", "Step", "Fired", "check_job", "sessions_agree",
+           "Op", "Step", "Fired", "Schedule", "DeadlockError",
+           "ScheduleDivergedError", "check_job", "sessions_agree",
            "resume_equals_uninterrupted", "restart_recovers",
            "schedule_independent", "ALL_CHECKS", "JobCheckFailed"]

@@ -238,3 +238,33 @@ def test_sessions_take_only_fault_plans(session_factory):
 def test_fired_records_are_values():
     fired = Fired(Kill("a", at=Epoch(1)), "a", 1.5)
     assert eval(repr(fired)) == fired
+
+
+# -- under a deterministic schedule -------------------------------------------
+
+def test_under_a_schedule_a_delay_is_virtual_time_and_kills_recover(
+        tmp_path):
+    from localcluster import LocalSession
+    plan = FaultPlan(Delay("a", at=Epoch(1), seconds=3600),
+                     Kill("b", at=Epoch(2)))
+    with LocalSession(schedule=5, faults=plan) as session:
+        start = time.monotonic()
+        runner, final = train(session, tmp_path, max_restarts=1)
+        assert time.monotonic() - start < 30   # not an hour
+    assert final == expected()
+    assert [f.fault for f in plan.fired()] == list(plan.faults)
+
+
+def test_under_a_schedule_a_hang_without_timeout_is_a_deadlock_naming_it():
+    from localcluster import LocalSession
+    from localcluster.testing import DeadlockError
+    plan = FaultPlan(Hang("a", at=Op("Scale")))
+    with LocalSession(schedule=1, faults=plan) as session:
+        with TaskGroup(WorkspaceType.GLOBAL) as group:
+            with Node("a"), Task():
+                ops.Scale([ops.Const(np.ones(2))], ["y"], scale=2.0)
+        with pytest.raises(DeadlockError, match="Hang") as caught:
+            session.run(group)
+        assert [branch for branch, _ in caught.value.waiting] == ["a"]
+        session.run(group)   # fired once: the next run goes through
+        assert session.fetch_blob("y", "a").tolist() == [2.0, 2.0]

@@ -1,0 +1,378 @@
+"""The scheduler of one run under a deterministic schedule: a baton and a
+virtual clock.
+
+::
+
+    session (LocalSession)                 branches (real threads)
+      sched = Scheduler(schedule, ...)
+      sched.add(node) per node ---------->  node worker: sched.run_as(b, fn)
+      sched.alarm(deadline, tick)             ops: clock.point()  -- switch
+      sched.kick()   starts the run           waits: clock.wait(...) -- switch
+      driver waits; on a tick:                run_concurrently / reporters:
+        cancel nodes, sched.kick()              clock.branches(...).start()
+      sched.close()                               .join()         -- switch
+      sched.decisions -> last_schedule
+
+Every concurrent branch of the run -- a node, the tasks of a group on it,
+task instances, concurrent substeps (pipe threads), ``run_every_ms``
+reporters -- stays a real thread, but only the one holding the baton
+runs.  At each switch point it gives the baton back: at every op boundary
+(`point`), at every wait (`wait`) and when it ends.  The scheduler then
+picks the next branch among those that can go on -- ready ones, and
+waiting ones whose condition holds or whose timeout has passed -- ordered
+by name, with the run's `Chooser` (a seeded generator, or a replay) when
+there is a choice.  So a run's interleaving is a function of the seed,
+the plan and the data, and two runs with one seed are the same run.
+
+Branch names are stable paths, never thread ids: a node's name, then one
+``/<label>`` per branching below it (``<step>:<i>`` for concurrent
+substeps and instances, ``<step>:every:<i>`` for reporters).
+
+Virtual time: the clock stands still while branches run (plus
+``op_seconds`` per op) and jumps to the earliest timeout when every branch
+waits.  If no branch waits with a timeout either, nothing can ever go on
+(whatever the run's own timeout): the scheduler records a
+`DeadlockError` naming each waiting branch and what it waits for, goes
+idle and tells the session (``on_idle``), which cancels the run's nodes
+(their waits then end) and raises the error.  An `alarm` (the run's
+timeout) also leaves the scheduler idle when it is due, until the
+session has acted on it and calls `kick`: whatever the session does in
+between (a cancel) happens at that one point of the schedule, so a
+timed-out run is deterministic too.
+
+A wait inside a branch must not hold a lock another branch may take
+while parked: the condition of ``wait(cond, until=...)`` is released
+while the branch is parked, and ops hold the node's lock only inside one
+op, with no switch point inside.  A Python op that blocks on something
+of its own (a lock, a socket) is outside the schedule's view.
+"""
+
+import threading
+
+from ..errors import Cancelled, DeadlockError, ScheduleDivergedError
+from .clock import REAL_TIME
+
+__all__ = ["Scheduler"]
+
+READY, RUNNING, WAITING, DONE = "ready", "running", "waiting", "done"
+
+#: seconds a parked branch looks again if unwoken: a safety net only --
+#: handing over the baton notifies the branch that gets it
+PARK_WAKE = 1.0
+
+
+class _Branch:
+    __slots__ = ("name", "state", "cond", "until", "deadline", "what")
+
+    def __init__(self, name, lock):
+        self.name = name
+        self.state = READY
+        self.cond = threading.Condition(lock)
+        self.until = None     # what ends its wait (a callable)
+        self.deadline = None  # virtual ns at which its wait times out
+        self.what = None      # what it waits for, in words
+
+    def __repr__(self):
+        return f"<branch {self.name!r} {self.state}>"
+
+
+class Scheduler:
+    """One run's baton and virtual clock; a clock as `REAL_TIME` is (see
+    `localcluster.runtime.clock`), plus the session's side (`add`,
+    `run_as`, `alarm`, `kick`, `close`, `decisions`, `failure`)."""
+
+    #: the executor calls `point` between ops
+    switches = True
+
+    def __init__(self, schedule, start_ns=0, on_idle=None):
+        self.schedule = schedule
+        self._op_ns = schedule.op_ns
+        self._chooser = schedule.chooser()
+        self._lock = threading.Lock()
+        self._branches = {}   # live branches by name
+        self._current = None  # the branch holding the baton
+        self._ns = int(start_ns)
+        self._alarms = []     # [(ns, fn)]
+        self._on_idle = on_idle or (lambda: None)
+        self._local = threading.local()
+        self._closed = False
+        #: what stopped the run from here (`DeadlockError`,
+        #: `ScheduleDivergedError`), or None
+        self.failure = None
+
+    def __repr__(self):
+        return (f"Scheduler({self.schedule!r}, t={self.now():.9f} s, "
+                f"{len(self._branches)} branches, "
+                f"{len(self.decisions)} decisions)")
+
+    # -- the clock ----------------------------------------------------------
+
+    def now(self):
+        return self._ns / 1e9
+
+    def now_ns(self):
+        return self._ns
+
+    def point(self):
+        """An op boundary: the next branch may run first."""
+        me = getattr(self._local, "branch", None)
+        if me is None:
+            return
+        with self._lock:
+            self._ns += self._op_ns
+            me.state = READY
+            try:
+                self._switch(me)
+            finally:
+                me.state = RUNNING
+
+    def wait(self, on, timeout=None, *, until=None, what=None):
+        """The wait primitive, in virtual time (see the clock module)."""
+        me = getattr(self._local, "branch", None)
+        if me is None:  # not a branch of this run: nothing to schedule
+            return REAL_TIME.wait(on, timeout, until=until, what=what)
+        ready = on.is_set if until is None else until
+        if until is not None:
+            on.release()  # others may change what ``until`` reads
+        try:
+            self._wait(me, ready, timeout, what or "an event")
+        finally:
+            if until is not None:
+                on.acquire()
+        return bool(ready())
+
+    def branches(self, labels, fns, thread_name):
+        """Branches ``<this branch>/<label>`` running ``fns``."""
+        return _Branches(self, labels, fns, thread_name)
+
+    # -- the session's side -------------------------------------------------
+
+    @property
+    def decisions(self):
+        """The decisions made so far (branch names)."""
+        return self._chooser.decisions
+
+    def add(self, name):
+        """A root branch (a node), before `kick` starts the run."""
+        with self._lock:
+            return self._add(name)
+
+    def run_as(self, branch, fn):
+        """``fn()`` on this thread as ``branch``, once it has the baton."""
+        try:
+            self._enter(branch)
+        except BaseException:
+            self._leave(branch)
+            raise
+        try:
+            return fn()
+        finally:
+            self._leave(branch)
+
+    def alarm(self, seconds, fn):
+        """Call ``fn()`` (quick; under the scheduler's lock) once the
+        virtual clock reaches ``seconds`` after now, and stay idle until
+        `kick`."""
+        with self._lock:
+            self._alarms.append((self._ns + _ns(seconds), fn))
+
+    def kick(self):
+        """Start the run, or go on after an alarm or a failure (once the
+        session has acted on it); nothing if a branch has the baton."""
+        with self._lock:
+            if self._current is None and not self._closed:
+                self._pick()
+
+    def close(self):
+        """End the run's scheduling: a branch still parked raises
+        `Cancelled` (only after a run that could not stop)."""
+        with self._lock:
+            self._closed = True
+            for b in self._branches.values():
+                b.cond.notify_all()
+
+    # -- inside -------------------------------------------------------------
+
+    def _add(self, name):
+        if name in self._branches:  # same label twice under one parent
+            k = 2
+            while f"{name}~{k}" in self._branches:
+                k += 1
+            name = f"{name}~{k}"
+        branch = self._branches[name] = _Branch(name, self._lock)
+        return branch
+
+    def _enter(self, branch):
+        self._local.branch = branch
+        with self._lock:
+            self._park(branch)
+            branch.state = RUNNING
+
+    def _leave(self, branch):
+        self._local.branch = None
+        with self._lock:
+            branch.state = DONE
+            self._branches.pop(branch.name, None)
+            if self._current is branch:
+                self._pick()
+
+    def _wait(self, me, ready, timeout, what):
+        with self._lock:
+            me.state, me.until, me.what = WAITING, ready, what
+            me.deadline = None if timeout is None else self._ns + _ns(timeout)
+            try:
+                self._switch(me)
+            finally:
+                me.state, me.until, me.deadline = RUNNING, None, None
+
+    def _switch(self, me):
+        """Hand the baton on (lock held); return once ``me`` has it."""
+        self._pick()
+        self._park(me)
+
+    def _park(self, me):
+        while self._current is not me:
+            if self._closed:
+                raise Cancelled(f"branch {me.name!r} was still waiting when "
+                                "its run's schedule ended")
+            me.cond.wait(PARK_WAKE)
+
+    def _pick(self):
+        """Give the baton to the next branch, jumping the clock if every
+        branch waits; or go idle (lock held)."""
+        self._current = None
+        while True:
+            if self._alarms and self._fire_alarms():
+                return
+            ready = self._ready()
+            if ready:
+                name = self._choose(ready)
+                if name is None:
+                    return
+                branch = self._current = self._branches[name]
+                branch.cond.notify()
+                return
+            if not self._branches:
+                return  # the run is over
+            due = self._next_due()
+            if due is None:
+                if self.failure is None:
+                    self.failure = self._deadlock()
+                    self._on_idle()
+                return
+            self._ns = max(self._ns, due)  # every branch waits: jump
+
+    def _choose(self, ready):
+        if len(ready) == 1 or self.failure is not None:
+            return ready[0]  # no choice, or draining a failed run
+        try:
+            return self._chooser.choose(ready)
+        except ScheduleDivergedError as exc:
+            self.failure = exc
+            self._on_idle()
+            return None
+
+    def _ready(self):
+        now = self._ns
+        ready = []
+        for name, b in self._branches.items():
+            if b.state is READY:
+                ready.append(name)
+            elif b.state is WAITING and (
+                    (b.deadline is not None and b.deadline <= now) or
+                    _holds(b.until)):
+                ready.append(name)
+        ready.sort()
+        return ready
+
+    def _next_due(self):
+        """The earliest timeout of a waiting branch, or of an alarm before
+        it; None if no branch waits with a timeout -- a pending alarm (the
+        run's timeout) does not save a run from being a deadlock."""
+        dues = [b.deadline for b in self._branches.values()
+                if b.state is WAITING and b.deadline is not None]
+        if not dues:
+            return None
+        return min(dues + [ns for ns, _ in self._alarms])
+
+    def _fire_alarms(self):
+        due = [a for a in self._alarms if a[0] <= self._ns]
+        if not due:
+            return False
+        for alarm in due:
+            self._alarms.remove(alarm)
+            alarm[1]()
+        return True
+
+    def _deadlock(self):
+        waiting = sorted((name, b.what) for name, b in self._branches.items()
+                         if b.state is WAITING)
+        said = "; ".join(f"branch {n!r} waits for {w}" for n, w in waiting)
+        return DeadlockError(
+            f"deadlock at virtual time {self.now():.6f} s: every branch of "
+            f"the run waits and no timer is pending, so none can go on -- "
+            f"{said}.  Usually a queue is read that nothing writes or "
+            "closes (or written while nothing reads it): check which task "
+            "writes, reads and closes each queue", waiting=waiting)
+
+
+def _ns(seconds):
+    return max(0, int(round(float(seconds) * 1e9)))
+
+
+def _holds(until):
+    try:
+        return bool(until())
+    except Exception:  # noqa: BLE001 - the waiter looks again itself
+        return True
+
+
+class _Branches:
+    """Branches of the current branch, as threads that wait for the baton
+    (see `localcluster.runtime.clock`)."""
+
+    def __init__(self, scheduler, labels, fns, thread_name):
+        self._s = scheduler
+        self._labels = list(labels)
+        self._fns = list(fns)
+        self._thread_name = thread_name
+        self.children = []
+        self.threads = []
+
+    def start(self):
+        s = self._s
+        parent = getattr(s._local, "branch", None)
+        prefix = parent.name + "/" if parent is not None else ""
+        with s._lock:
+            self.children = [s._add(prefix + label) for label in self._labels]
+        for i, (child, fn) in enumerate(zip(self.children, self._fns)):
+            t = threading.Thread(target=self._main, args=(child, fn),
+                                 daemon=True, name=f"{self._thread_name}:{i}")
+            try:
+                t.start()
+            except BaseException:
+                with s._lock:
+                    for c in self.children[i:]:
+                        c.state = DONE
+                        s._branches.pop(c.name, None)
+                raise
+            self.threads.append(t)
+
+    def _main(self, child, fn):
+        try:
+            self._s.run_as(child, fn)
+        except Cancelled:
+            pass  # the run's schedule ended before this branch could start
+
+    def join(self):
+        s, children = self._s, self.children
+        me = getattr(s._local, "branch", None)
+        if me is not None and children:
+            s._wait(me, lambda: all(c.state is DONE for c in children), None,
+                    f"its branches {[c.name for c in children]} to end")
+        for t in self.threads:
+            t.join()  # each has left the schedule: it is ending now
+
+    def stop(self, seconds):
+        for t in self.threads:
+            t.join(seconds)
