@@ -8,7 +8,8 @@ import pytest
 from localcluster import Job, Node, Task, epoch_limiter, ops
 from localcluster.testing import (Epoch, JobCheckFailed, Kill, check_job,
                                   restart_recovers,
-                                  resume_equals_uninterrupted, sessions_agree)
+                                  resume_equals_uninterrupted,
+                                  schedule_independent, sessions_agree)
 
 NODES = ("a", "b")
 
@@ -51,10 +52,37 @@ def python_counter_job():
     return job
 
 
-def test_a_correct_job_passes_every_check_but_schedules():
-    check_job(correct_job, checks=(sessions_agree,
-                                   resume_equals_uninterrupted,
-                                   restart_recovers), max_examples=4)
+def racy_job():
+    """Two task instances add 1 to ``x`` by a Copy and an Add: an
+    unsynchronized read-modify-write, so an increment is lost when the
+    instances interleave between the two ops."""
+    with Job() as job, Node("a"):
+        with job.init_group, Task():
+            ops.Const(np.array(0.0), name="x")
+        with Task(num_instances=2):
+            seen = ops.Copy(["x"])
+            ops.Add([seen, ops.Const(np.array(1.0))], ["x"])
+        epoch_limiter(job, 2)
+    return job
+
+
+def test_a_correct_job_passes_every_check():
+    check_job(correct_job, max_examples=4)
+
+
+def test_an_unsynchronized_race_fails_schedule_independent_with_its_seed():
+    with pytest.raises(JobCheckFailed) as caught:
+        schedule_independent(racy_job)
+    failed = caught.value
+    first, other = failed.counterexample["seeds"]
+    assert first == 0 and other >= 1
+    assert f"seed {other}" in str(failed) and "'x'" in str(failed)
+    # the replay runs just those two seeds, and fails the same way
+    assert f"seeds=[0, {other}]" in failed.replay
+    with pytest.raises(JobCheckFailed) as again:
+        exec(failed.replay, {})
+    assert again.value.counterexample == failed.counterexample
+    assert str(again.value) == str(failed)
 
 
 def test_state_outside_the_checkpoints_fails_resume_naming_the_epoch():
