@@ -12,10 +12,10 @@ Every statement knows two things:
 
 Values are integers kept in float64, so every result is exact: the
 strategies bound their growth (coefficients of magnitude <= 3, a few
-statements, short loops) far below 2**53, and `exact` checks it.  Shared blobs are
-touched only by atomic ops (``CountUp``, ``AtomicAdd``) whose results do
-not depend on the order concurrent tasks run in, so the model's value is
-the value under every schedule.
+statements, short loops) far below 2**53, and `exact` checks it.  Shared
+blobs are touched only by atomic ops (``CountUp``, ``AtomicAdd``) whose
+results do not depend on the order concurrent tasks run in, so the
+model's value is the value under every schedule.
 
 `Update`s are what an epoch task does to its *persistent* registers (the
 ``t0_w``, ``t0_x``... the init group made): additive, so values grow
