@@ -12,6 +12,10 @@
 - Job checks (`check_job` and its four checks, each a function of its
   own), raising `JobCheckFailed` with the smallest counter-example and a
   line of Python that replays it.
+- Hypothesis strategies drawing task groups and jobs with the values a
+  reference model predicts, fault plans and schedule seeds: import
+  `localcluster.testing.strategies` (it needs hypothesis; this package
+  does not import it, so it works without).
 """
 
 from ..errors import DeadlockError, ScheduleDivergedError
