@@ -280,7 +280,7 @@ def test_the_testing_kit_imports_without_hypothesis():
     code = ("import sys; sys.modules['hypothesis'] = None\n"
             "import localcluster.testing as t\n"
             "assert 'localcluster.testing.strategies' not in sys.modules\n"
-            "print(t.FaultPlan())")
+            "print(repr(t.FaultPlan()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0, out.stderr
