@@ -1,32 +1,81 @@
-"""Property tests: random task groups against a simple model."""
+"""The project's own properties, on the testing kit users get: drawn task
+groups and jobs (`localcluster.testing.strategies`), fault plans and the
+job checks.  Each test's name states its invariant; the autouse leak
+fixture (conftest) asserts after every one that nothing is left behind.
+"""
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from localcluster import Node, Task, TaskGroup, WorkspaceType, ops
+from localcluster import (JobRunner, LocalSession,
+                          MultiNodeCheckpointManager, Node, Task, TaskGroup,
+                          WorkspaceType, ops)
+from localcluster.testing import (Epoch, Kill, restart_recovers,
+                                  resume_equals_uninterrupted, sessions_agree)
+from localcluster.testing.strategies import jobs, schedules, task_groups
 
 from conftest import SESSION_KINDS
 
-NODES = ["n0", "n1", "n2"]
 
-task_spec = st.fixed_dictionaries({
-    "node": st.sampled_from(NODES),
-    "instances": st.integers(1, 4),
-    "iters": st.integers(0, 4),
-    "step": st.integers(1, 3),
-})
-group_spec = st.fixed_dictionaries({
-    "tasks": st.lists(task_spec, min_size=1, max_size=5),
+
+def fresh(**kwargs):
+    """Settings of a property that takes a fresh session per example from
+    session_factory (what that fixture is for)."""
+    return settings(suppress_health_check=[
+        HealthCheck.function_scoped_fixture], deadline=None, **kwargs)
+
+
+def assert_blobs(session, expected):
+    for node, blobs in expected.items():
+        for name, value in blobs.items():
+            got = session.fetch_blob(name, node)
+            assert got.dtype == value.dtype and got.shape == value.shape, \
+                (node, name)
+            np.testing.assert_array_equal(got, value, err_msg=f"{node}/{name}")
+
+
+# -- isolation between nodes --------------------------------------------------
+
+@fresh(max_examples=10)
+@given(drawn=task_groups())
+def test_each_node_holds_what_the_model_puts_there_and_none_of_another_nodes(
+        session_factory, drawn):
+    session = session_factory()
+    session.run(drawn.build())
+    assert_blobs(session, drawn.expected)
+    for node, blobs in drawn.expected.items():
+        others = {b for n, bs in drawn.expected.items() if n != node
+                  for b in bs} - set(blobs)
+        assert not others & set(session.blobs(node)), node
+
+
+@settings(max_examples=10, deadline=None)
+@given(drawn=task_groups(), seed=schedules())
+def test_every_schedule_gives_a_race_free_group_the_models_values(drawn,
+                                                                   seed):
+    with LocalSession(schedule=seed) as session:
+        session.run(drawn.build())
+        assert_blobs(session, drawn.expected)
+
+
+# -- GLOBAL persistence, PRIVATE discard --------------------------------------
+
+NODES = ["n0", "n1", "n2"]
+persist_spec = st.fixed_dictionaries({
+    "tasks": st.lists(st.fixed_dictionaries({
+        "node": st.sampled_from(NODES), "instances": st.integers(1, 4),
+        "iters": st.integers(0, 4), "step": st.integers(1, 3)}),
+        min_size=1, max_size=5),
     "workspace_type": st.sampled_from([WorkspaceType.PRIVATE,
                                        WorkspaceType.GLOBAL]),
     "runs": st.integers(1, 2),
 })
 
 
-def build(spec):
-    """Each task: its instances loop ``iters`` times adding ``step`` to the
-    node's fed counter, and each writes a private and a task-level blob."""
+def build_persist(spec):
+    """Each task: its instances count up the node's fed counter; each
+    writes a task-level blob (task_init) and an instance-level one."""
     with TaskGroup(spec["workspace_type"]) as tg:
         for i, t in enumerate(spec["tasks"]):
             with Node(t["node"]), Task(num_instances=t["instances"]):
@@ -39,144 +88,183 @@ def build(spec):
     return tg
 
 
-def model(spec):
-    """Final counter per node, and the blobs each node keeps."""
-    counts = {n: 0 for n in NODES}
-    kept = {n: {"count"} for n in NODES}
-    for i, t in enumerate(spec["tasks"]):
-        counts[t["node"]] += t["instances"] * t["iters"] * t["step"]
-        if spec["workspace_type"] is WorkspaceType.GLOBAL:
-            kept[t["node"]].add(f"task_{i}")
-            if t["instances"] == 1:  # one instance runs in the task's space
-                kept[t["node"]].add(f"instance_{i}")
-    return ({n: c * spec["runs"] for n, c in counts.items()}, kept)
-
-
-# session_factory makes a fresh session per example; that is its purpose.
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(group_spec)
-def test_random_groups_count_like_the_model_and_keep_only_global_blobs(
+@fresh()
+@given(spec=persist_spec)
+def test_global_groups_keep_task_blobs_private_groups_and_instances_drop_them(
         session_factory, spec):
     session = session_factory()
     for node in NODES:
         session.feed_blob("count", np.array(0, dtype=np.int64), node=node)
-    tg = build(spec)
+    group = build_persist(spec)
     for _ in range(spec["runs"]):
-        session.run(tg)
-    counts, kept = model(spec)
+        session.run(group)
     for node in NODES:
-        assert session.fetch_blob("count", node) == counts[node]
-        # instance blobs never outlive their instance; task blobs persist
-        # only in a GLOBAL group; nothing crosses nodes
+        mine = [(i, t) for i, t in enumerate(spec["tasks"])
+                if t["node"] == node]
+        count = sum(t["instances"] * t["iters"] * t["step"] for _, t in mine)
+        assert session.fetch_blob("count", node) == count * spec["runs"]
+        kept = {"count"}
+        if spec["workspace_type"] is WorkspaceType.GLOBAL:
+            kept |= {f"task_{i}" for i, _ in mine}
+            # one instance runs in the task's own workspace
+            kept |= {f"instance_{i}" for i, t in mine if t["instances"] == 1}
         named = {b for b in session.blobs(node)
                  if b == "count" or b.startswith(("task_", "instance_"))}
-        assert named == kept[node]
-    session.close()
+        assert named == kept
 
 
-def run_and_dump(session, spec):
-    for node in NODES:
-        session.feed_blob("count", np.array(0, dtype=np.int64), node=node)
-    tg = build(spec)
-    for _ in range(spec["runs"]):
-        session.run(tg)
-    # The blobs whose value does not depend on how threads interleave (a
-    # CountUp's output, the count *before* it, does).
-    return {node: {b: session.fetch_blob(b, node) for b in session.blobs(node)
-                   if b == "count" or b.startswith(("task_", "instance_"))}
-            for node in NODES}
+# -- setup and exit nets: once per scope, in order ----------------------------
+
+setup_spec = st.lists(st.fixed_dictionaries({
+    "node": st.sampled_from(NODES[:2]), "instances": st.integers(1, 3),
+    "iters": st.integers(0, 3)}), min_size=1, max_size=4)
 
 
-@settings(max_examples=10)
-@given(group_spec)
-def test_random_groups_give_identical_blobs_under_both_sessions(spec):
-    from localcluster import LocalHostScheduler, LocalSession
-    with LocalSession() as local:
-        expected = run_and_dump(local, spec)
-    with LocalHostScheduler() as localhost:
-        got = run_and_dump(localhost, spec)
-    assert got.keys() == expected.keys()
-    for node in NODES:
-        assert got[node].keys() == expected[node].keys()
-        for name, value in expected[node].items():
-            assert got[node][name].dtype == value.dtype, name
-            np.testing.assert_array_equal(got[node][name], value)
+def build_setup(spec):
+    """Counters of how often each block ran, and copies of the counters of
+    the phase before it, taken when it runs: in order, those copies show
+    the phase before complete."""
+    firsts = {}
+    with TaskGroup(WorkspaceType.GLOBAL) as tg:
+        for i, t in enumerate(spec):
+            with Node(t["node"]), Task(num_instances=t["instances"]):
+                if t["node"] not in firsts:
+                    firsts[t["node"]] = i
+                    with ops.local_init():
+                        ops.CountUp(["n_local_init"])
+                    with ops.local_exit():
+                        for j, u in enumerate(spec):
+                            if u["node"] == t["node"]:
+                                ops.Copy([f"n_task_exit_{j}"],
+                                         [f"task_exit_{j}_before_local_exit"])
+                        ops.CountUp(["n_local_exit"])
+                with ops.task_init():
+                    ops.Copy(["n_local_init"],
+                             [f"local_init_before_task_init_{i}"])
+                    ops.CountUp([f"n_task_init_{i}"])
+                with ops.task_instance_init():
+                    ops.AtomicAdd([f"task_init_before_instances_{i}",
+                                   f"n_task_init_{i}"], [])
+                    ops.CountUp([f"n_instance_init_{i}"])
+                with ops.loop(t["iters"]):
+                    ops.CountUp([f"n_body_{i}"])
+                with ops.task_instance_exit():
+                    ops.CountUp([f"n_instance_exit_{i}"])
+                with ops.task_exit():
+                    ops.Copy([f"n_body_{i}"], [f"body_before_task_exit_{i}"])
+                    ops.Copy([f"n_instance_exit_{i}"],
+                             [f"instance_exits_before_task_exit_{i}"])
+                    ops.CountUp([f"n_task_exit_{i}"])
+    return tg
 
 
-# -- jobs: a resumed job ends exactly where an uninterrupted one does ---------
-
-job_node_spec = st.fixed_dictionaries({
-    "init": st.lists(st.integers(-5, 5), min_size=1, max_size=4),
-    # per epoch, in order: w <- w * scale + shift (+ the epoch number)
-    "ops": st.lists(st.tuples(st.sampled_from([1, 2, -1]),
-                              st.integers(-3, 3), st.booleans()),
-                    min_size=1, max_size=3),
-    # a dataset of these values read a few records per epoch into `total`
-    "data": st.lists(st.integers(0, 9), max_size=12),
-    "per_epoch": st.integers(1, 4),
-})
-job_spec = st.fixed_dictionaries({
-    "nodes": st.lists(job_node_spec, min_size=1, max_size=3),
-    "epochs": st.integers(1, 4),
-})
+def setup_counters(spec):
+    """{node: [counter blob, ...]} to feed as 0 before the run."""
+    out = {n: ["n_local_init", "n_local_exit"] for n in
+           {t["node"] for t in spec}}
+    for i, t in enumerate(spec):
+        out[t["node"]] += [f"n_task_init_{i}", f"n_instance_init_{i}",
+                           f"n_body_{i}", f"n_instance_exit_{i}",
+                           f"n_task_exit_{i}",
+                           f"task_init_before_instances_{i}"]
+    return out
 
 
-def _add_to_total(rec):
-    ops.Add(["total", rec["v"]], ["total"])
+@fresh(max_examples=15)
+@given(spec=setup_spec)
+def test_setup_and_exit_nets_run_once_per_scope_in_order(session_factory,
+                                                         spec):
+    session = session_factory()
+    for node, names in setup_counters(spec).items():
+        for name in names:
+            session.feed_blob(name, np.array(0, dtype=np.int64), node=node)
+    session.run(build_setup(spec))
+
+    def value(name, node):
+        return int(session.fetch_blob(name, node))
+
+    for node in {t["node"] for t in spec}:
+        assert value("n_local_init", node) == 1
+        assert value("n_local_exit", node) == 1
+    for i, t in enumerate(spec):
+        node, n = t["node"], t["instances"]
+        assert value(f"n_task_init_{i}", node) == 1
+        assert value(f"n_task_exit_{i}", node) == 1
+        assert value(f"n_instance_init_{i}", node) == n
+        assert value(f"n_instance_exit_{i}", node) == n
+        assert value(f"n_body_{i}", node) == n * t["iters"]
+        # order: local init < task init < instance inits < bodies <
+        # instance exits < task exit < local exit
+        assert value(f"local_init_before_task_init_{i}", node) == 1
+        assert value(f"task_init_before_instances_{i}", node) == n
+        assert value(f"body_before_task_exit_{i}", node) == n * t["iters"]
+        assert value(f"instance_exits_before_task_exit_{i}", node) == n
+        assert value(f"task_exit_{i}_before_local_exit", node) == 1
 
 
-def build_job(spec):
-    """The same spec builds the same job, with the same blob names."""
-    from localcluster import (Dataset, Job, ReaderWithLimit, epoch_limiter,
-                              pipe)
-    with Job() as job:
-        for i, node_spec in enumerate(spec["nodes"]):
-            with Node(f"node_{i}"):
-                with job.init_group, Task():
-                    ops.Const(np.array(node_spec["init"], dtype=np.int64),
-                              name="w")
-                    ops.Const(np.array(0), name="epoch_no")
-                    ops.Const(np.array([0]), name="total")
-                    reader = Dataset(
-                        {"v": np.array(node_spec["data"], dtype=np.int64)},
-                        name="data").reader()
-                with Task():
-                    ops.Add(["epoch_no", ops.Const(np.array(1))],
-                            ["epoch_no"])
-                    for scale, shift, add_epoch in node_spec["ops"]:
-                        ops.Scale(["w"], ["w"], scale=scale)
-                        ops.Add(["w", ops.Const(np.array(shift))], ["w"])
-                        if add_epoch:
-                            ops.Add(["w", "epoch_no"], ["w"])
-                pipe(ReaderWithLimit(reader, num_iter=node_spec["per_epoch"]),
-                     processor=_add_to_total)
-        with Node("node_0"):
-            epoch_limiter(job, spec["epochs"])
-    return job
+# -- report steps: at least once, after their tasks ---------------------------
+
+@fresh(max_examples=10)
+@given(iters=st.integers(0, 30), interval_ms=st.integers(1, 20))
+def test_a_reporter_runs_at_least_once_after_its_task_and_sees_its_end(
+        session_factory, iters, interval_ms):
+    session = session_factory()
+    session.feed_blob("n", np.array(0, dtype=np.int64), node="r")
+    session.feed_blob("reports", np.array(0, dtype=np.int64), node="r")
+    with TaskGroup(WorkspaceType.GLOBAL) as group:
+        with Node("r"), Task():
+            with ops.loop(iters):
+                ops.CountUp(["n"])
+            with ops.task_reporter(interval_ms=interval_ms):
+                ops.Copy(["n"], ["reported"])
+                ops.CountUp(["reports"])
+    session.run(group)
+    assert int(session.fetch_blob("reports", "r")) >= 1
+    assert int(session.fetch_blob("reported", "r")) == iters
 
 
-def job_state(session, spec):
-    return [(session.fetch_blob("w", f"node_{i}").tolist(),
-             int(session.fetch_blob("epoch_no", f"node_{i}")),
-             session.fetch_blob("total", f"node_{i}").tolist())
-            for i in range(len(spec["nodes"]))]
-
+# -- jobs: stop conditions, sessions, resume, restarts ------------------------
 
 @pytest.mark.parametrize("kind", sorted(SESSION_KINDS))
-@settings(max_examples=10, deadline=None,
+@settings(max_examples=8, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(spec=job_spec, data=st.data())
-def test_a_resumed_job_ends_exactly_where_an_uninterrupted_one_does(
-        tmp_path_factory, kind, spec, data):
-    from localcluster import JobRunner, MultiNodeCheckpointManager
-    prefix = str(tmp_path_factory.mktemp("ckpt"))
+@given(drawn=jobs())
+def test_a_stop_condition_ends_training_after_exactly_its_epoch(
+        tmp_path_factory, kind, drawn):
+    directory = str(tmp_path_factory.mktemp("ckpt"))
     with SESSION_KINDS[kind]() as session:
-        last = JobRunner(build_job(spec), MultiNodeCheckpointManager(
-            prefix)).train(session)
-        expected = job_state(session, spec)
-    assert last == spec["epochs"]
-    resume = data.draw(st.integers(0, last), label="resume_from_epoch")
-    with SESSION_KINDS[kind]() as session:
-        assert JobRunner(build_job(spec), MultiNodeCheckpointManager(prefix),
-                         resume_from_epoch=resume).train(session) == last
-        assert job_state(session, spec) == expected
+        last = JobRunner(drawn.build(),
+                         MultiNodeCheckpointManager(directory)).train(session)
+        assert last == drawn.epochs
+        assert_blobs(session, drawn.expected)
+
+
+@settings(max_examples=6, deadline=None)
+@given(drawn=jobs())
+def test_both_sessions_end_a_job_with_the_same_blobs(drawn):
+    sessions_agree(drawn.build)
+
+
+@settings(max_examples=6, deadline=None)
+@given(drawn=jobs(), data=st.data())
+def test_resuming_from_any_saved_epoch_ends_as_the_uninterrupted_run(
+        drawn, data):
+    epoch = data.draw(st.integers(0, drawn.epochs), label="resume from")
+    kind = data.draw(st.sampled_from(sorted(SESSION_KINDS)), label="session")
+    resume_equals_uninterrupted(drawn.build, sessions=(kind,),
+                                epochs=[epoch])
+
+
+@settings(max_examples=6, deadline=None)
+@given(drawn=jobs(), data=st.data())
+def test_a_node_killed_at_a_drawn_epoch_fails_naming_it_or_restarts_exactly(
+        drawn, data):
+    """Without restarts the run raises NodeFailedError naming the node;
+    with one restart it ends with the uninterrupted run's blobs."""
+    runs = drawn.build().epoch_group.used_nodes()
+    node = data.draw(st.sampled_from(sorted(runs)), label="node")
+    epoch = data.draw(st.integers(1, drawn.epochs), label="epoch")
+    how = data.draw(st.sampled_from(["sigkill", "exit"]), label="how")
+    kind = data.draw(st.sampled_from(sorted(SESSION_KINDS)), label="session")
+    restart_recovers(drawn.build, sessions=(kind,),
+                     faults=[Kill(node, at=Epoch(epoch), how=how)])
