@@ -66,6 +66,7 @@ class NodeHandle:
         self.prefix = prefix
         self.kwargs = kwargs
         self.process = None
+        self._exitcode = None   # kept once the process object is closed
         self.conn = None
         self.log = None       # LogPump stream
         self.state = NodeState.IDLE
@@ -196,11 +197,26 @@ class NodeHandle:
         self.killpg(signal.SIGKILL)
         self.reap()
 
+    @property
+    def exitcode(self):
+        """The node process's exit status (None while it runs)."""
+        return self._exitcode if self._exitcode is not None \
+            else self.process.exitcode
+
+    def release(self):
+        """Once reaped: close the process object, whose sentinel and pipe
+        descriptors would otherwise stay open until it is collected."""
+        process = self.process
+        if process is not None and self._exitcode is None and \
+                process.exitcode is not None:
+            self._exitcode = process.exitcode
+            process.close()
+
     def death_error(self, during, fault=None):
         """Reap a dead node; the NodeFailedError describing its death
         (``fault``: the `Kill` fault that fired on it, if one did)."""
         self.reap()
-        code = self.process.exitcode
+        code = self.exitcode
         signame = signal_name(code)
         lines = self.log.last if self.log else ()
         if fault is not None:

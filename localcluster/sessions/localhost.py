@@ -173,9 +173,11 @@ class LocalHostScheduler(Session):
         return handle
 
     def _forget(self, handle):
-        """A reaped node: out of the poll set, its mappings dropped."""
+        """A reaped node: out of the poll set, its mappings dropped, its
+        process object closed."""
         self._poller.remove(handle)
         self._reader.forget(handle.name)
+        handle.release()
 
     def _death(self, handle, during):
         killed_by = [f.fault for f in self._sync_faults()
@@ -436,7 +438,7 @@ class _ProcessRunIO(driver.RunIO):
             f"node {handle.name!r} exceeded its memory_limit of {limit} "
             f"bytes ({info['type']}: {info['message']}); it was stopped "
             "and restarts with an empty workspace on the next run",
-            node=handle.name, exitcode=handle.process.exitcode)
+            node=handle.name, exitcode=handle.exitcode)
         error.__cause__ = P.RemoteTraceback(info["traceback"])
         return error
 

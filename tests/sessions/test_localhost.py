@@ -327,6 +327,16 @@ def test_many_runs_leave_fds_segments_and_children_unchanged(localhost):
     assert_clean(session)
 
 
+def test_close_releases_every_descriptor_at_once_not_at_collection(
+        localhost):
+    gc.collect()
+    before = sorted(os.listdir("/proc/self/fd"))
+    session = localhost()   # the fixture keeps it referenced: no collection
+    session.run(small_group())
+    session.close()
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
 # -- node options ------------------------------------------------------------
 
 def test_node_env_and_cpus_apply_to_the_node_process(localhost):
