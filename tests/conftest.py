@@ -1,18 +1,26 @@
 """Shared fixtures: the session matrix, leak checks, hypothesis profiles.
 
-Every test that takes the ``session`` fixture runs once per session kind
-in ``SESSION_KINDS`` -- the shared suite that pins the semantics every
-session must have.  The autouse ``no_leaks`` fixture fails a test that
-leaves a child process or a shared-memory segment of ours behind.
+The suite uses the project's own pytest plugin (`localcluster.testing.
+pytest_plugin`, which installing the package registers through its
+``pytest11`` entry point -- README's test command installs it): its
+session kinds make the matrix, and its leak check runs after every test.  Every test that takes the ``session`` fixture
+runs once per session kind -- the shared suite that pins the semantics
+every session must have.  The autouse ``no_leaks`` fixture fails a test
+that leaves a child process, a shared-memory segment or a session's
+descriptor behind.
 """
 
 import os
 
-import psutil
 import pytest
 from hypothesis import HealthCheck, settings
 
 from localcluster import LocalHostScheduler, LocalSession
+from localcluster.testing.pytest_plugin import (Snapshot, leaks_since,
+                                                live_children,
+                                                session_kinds)
+
+pytest_plugins = ["pytester"]
 
 settings.register_profile(
     "ci", max_examples=30, deadline=None, derandomize=True,
@@ -24,47 +32,13 @@ settings.load_profile(os.environ.get(
     "HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 #: name -> factory of every session kind the shared suite runs against
-SESSION_KINDS = {
-    "local": LocalSession,
-    "localhost": LocalHostScheduler,
-}
-
-SHM_DIR = "/dev/shm"
-SHM_PREFIX = "lc_"
-
-
-def shm_segments():
-    """Segments in /dev/shm of sessions this test process started (other
-    processes on the machine may have theirs; tests that start a master in
-    a subprocess check its prefix themselves)."""
-    mine = f"{SHM_PREFIX}{os.getpid()}_"
-    try:
-        return {n for n in os.listdir(SHM_DIR) if n.startswith(mine)}
-    except FileNotFoundError:
-        return set()
-
-
-def _is_helper(proc):
-    """multiprocessing's own helpers (forkserver, resource tracker) live as
-    long as the test process; they are not ours to reap."""
-    try:
-        cmdline = " ".join(proc.cmdline())
-    except psutil.Error:
-        return True
-    return ("from multiprocessing.forkserver import" in cmdline or
-            "from multiprocessing.resource_tracker import" in cmdline)
+SESSION_KINDS = {k: v for k, v in session_kinds().items()
+                 if k in ("local", "localhost")}
 
 
 def child_processes():
     """Our live child processes (zombies and multiprocessing helpers aside)."""
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and not _is_helper(p):
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+    return list(live_children().values())
 
 
 @pytest.fixture(params=sorted(SESSION_KINDS))
@@ -122,10 +96,9 @@ def local():
 
 @pytest.fixture(autouse=True)
 def no_leaks():
-    """Fail a test that leaves child processes or shm segments behind."""
-    before = shm_segments()
+    """Fail a test that leaves child processes, shm segments or session
+    descriptors behind (the plugin's leak check, after every test)."""
+    before = Snapshot()
     yield
-    left = child_processes()
-    assert not left, f"child processes left behind: {left}"
-    leaked = shm_segments() - before
-    assert not leaked, f"shared-memory segments left behind: {leaked}"
+    found = leaks_since(before)
+    assert not found, "left behind:\n  " + "\n  ".join(found)

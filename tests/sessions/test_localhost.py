@@ -260,6 +260,7 @@ def test_nodes_exit_and_segments_are_swept_when_the_master_is_killed(script):
         if master.poll() is None:
             master.kill()
             master.wait(10)
+        master.stdout.close()
 
 
 CTRL_C = textwrap.dedent("""
