@@ -137,3 +137,44 @@ def test_readme_documents_every_option_and_exit_status():
     for status in ("130", "143", "129"):
         assert status in text
     assert "`--resume latest`" in text
+
+
+def test_the_test_file_for_a_job_passes_under_pytest_with_the_plugin(
+        pytester):
+    block = next(b for b in python_blocks()
+                 if b.startswith("# test_myjob.py"))
+    pytester.makepyfile(test_myjob=block)
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider",
+                                           "--strict-markers")
+    result.assert_outcomes(passed=3)   # the checks, and any_session twice
+
+
+RACY = textwrap.dedent("""
+    import numpy as np
+    from localcluster import Job, Node, Task, epoch_limiter, ops
+
+    def build():
+        with Job() as job, Node("worker_0"):
+            with job.init_group, Task():
+                ops.Const(np.array(0.0), name="seen")
+            with Task(num_instances=2):
+                last = ops.Copy(["seen"])
+                ops.Add([last, ops.Const(np.array(1.0))], ["seen"])
+            epoch_limiter(job, 3)
+        return job
+""")
+
+
+def test_the_failure_sample_is_what_check_job_raises(tmp_path):
+    sample = block_after("`check_job` would fail with the smallest")
+    (tmp_path / "myjob_racy.py").write_text(RACY)
+    code = ("import myjob_racy\n"
+            "from localcluster.testing import JobCheckFailed, check_job\n"
+            "try:\n"
+            "    check_job(myjob_racy.build, max_examples=5)\n"
+            "except JobCheckFailed as exc:\n"
+            "    print(f'JobCheckFailed: {exc}')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == sample

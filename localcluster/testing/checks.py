@@ -150,7 +150,8 @@ def _name_of(build):
 
 def _replay(check, build, **kwargs):
     """``import mod; from localcluster.testing import ...; check(...)``."""
-    args = "".join(f", {k}={v!r}" for k, v in kwargs.items())
+    args = "".join(f", {k}={v!r}" for k, v in kwargs.items()
+                   if v is not None)
     names = [check]
     for fault in kwargs.get("faults") or ():
         names += [type(fault).__name__, type(fault.at).__name__]
