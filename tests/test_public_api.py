@@ -38,3 +38,18 @@ def test_every_error_has_one_root_and_fitting_stdlib_bases():
     assert issubclass(errors.RunTimeoutError, TimeoutError)
     assert issubclass(errors.BlobNotFoundError, KeyError)
     assert issubclass(errors.CheckpointWarning, Warning)
+
+
+def test_the_testing_kit_exports_what_its_contract_names():
+    import localcluster.testing as kit
+    assert set(kit.__all__) == {
+        "FaultPlan", "Kill", "Hang", "Delay", "FailCheckpoint", "Epoch",
+        "Op", "Step", "Fired", "Schedule", "DeadlockError",
+        "ScheduleDivergedError", "check_job", "sessions_agree",
+        "resume_equals_uninterrupted", "restart_recovers",
+        "schedule_independent", "ALL_CHECKS", "JobCheckFailed"}
+    for name in kit.__all__:
+        assert hasattr(kit, name), name
+    assert issubclass(kit.JobCheckFailed, AssertionError)
+    assert issubclass(kit.DeadlockError, errors.LocalClusterError)
+    assert kit.DeadlockError is errors.DeadlockError
