@@ -291,3 +291,31 @@ def test_the_public_names_of_the_strategies_module():
     assert set(strategies.__all__) == {
         "task_groups", "jobs", "fault_plans", "schedules", "Drawn",
         "DrawnJob", "FAULT_KINDS", "DEFAULT_OP_TYPES", "MAX_SEED"}
+
+
+def test_a_planted_bug_in_the_reference_model_is_found_and_shrunk(
+        monkeypatch):
+    # the model gets Sub wrong: a property comparing a run with it fails,
+    # and shrinks to one node, one task, the Sub and what feeds it
+    from localcluster import LocalSession
+    from localcluster.testing import _vocab
+
+    def added(self, regs, node):
+        regs[self.dst] = _vocab.exact(x + y for x, y in zip(regs[self.a],
+                                                            regs[self.b]))
+
+    monkeypatch.setattr(_vocab.Sub, "apply", added)
+
+    def differs(drawn):
+        with LocalSession() as session:
+            session.run(drawn.build())
+            return any(not np.array_equal(session.fetch_blob(name, node),
+                                          value)
+                       for node, blobs in drawn.expected.items()
+                       for name, value in blobs.items())
+
+    drawn = find(task_groups(), differs, settings=SHRINK)
+    assert drawn.nodes == ("node_0",) and len(drawn.spec.tasks) == 1
+    text = repr(drawn)
+    assert "Sub(" in text
+    assert plan_size(drawn) <= 12, text
