@@ -6,6 +6,10 @@ up as results that depend on the seed, sleeps and timeouts take no wall
 time, and a run whose branches all wait is a DeadlockError.
 """
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -99,6 +103,24 @@ def test_replay_repeats_a_runs_decisions_and_result():
     x, decisions = run_racy(3)
     replayed = Schedule.replay(decisions)
     assert run_racy(replayed) == (x, decisions)
+
+
+def test_a_seed_and_its_replay_give_the_same_run_in_a_fresh_process():
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = ("import json, sys\n"
+            f"sys.path.insert(0, {here!r})\n"
+            "from test_schedule import run_racy\n"
+            "from localcluster.testing import Schedule\n"
+            "seeded = run_racy(6)\n"
+            "replayed = run_racy(Schedule.replay(json.loads(sys.argv[1])))\n"
+            "print(json.dumps([seeded, replayed]))\n")
+    x, decisions = run_racy(6)
+    assert run_racy(6) == (x, decisions)      # twice in a row
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(decisions)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seeded, replayed = json.loads(done.stdout)
+    assert seeded == replayed == [x, decisions]
 
 
 def test_a_session_can_switch_to_a_replay_between_runs():
