@@ -125,8 +125,7 @@ class RunContext:
                                        **op.args)
         elif op.args:
             kernel = functools.partial(kernel, **op.args)
-        if self.faults is not None:
-            kernel = self.faults.wrap(op, kernel)
+        fire = self.faults.trigger(op) if self.faults is not None else None
         # A Python op may return None to leave its outputs unwritten.
         lenient = op.type == "Python"
         single = op.outputs[0] if len(op.outputs) == 1 and not lenient \
@@ -135,7 +134,37 @@ class RunContext:
         # lending op's outputs are copied before its memory is handed back.
         lock = _LENDS if schema.lends else \
             self.op_context.lock if schema.atomic else None
+        if fire is not None:
+            # a fault fires before the op -- before an atomic op takes the
+            # node's lock, so a Delay or Hang there holds no other branch
+            if lock is None or lock is _LENDS:
+                kernel = _fire_then(fire, kernel)
+            else:
+                lock = _FireThenLock(fire, lock)
         return (kernel, op.inputs, single, op.outputs, lenient, lock)
+
+
+def _fire_then(fire, kernel):
+    def fire_then_run(*args):
+        fire()
+        return kernel(*args)
+    return fire_then_run
+
+
+class _FireThenLock:
+    """An atomic op's lock that fires the op's faults before taking it."""
+
+    def __init__(self, fire, lock):
+        self._fire = fire
+        self._lock = lock
+
+    def __enter__(self):
+        self._fire()
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
 
 
 def _fail(rc, exc, task, step, net, index):

@@ -7,12 +7,14 @@ shared by every node of the session, and the host's way to end the node
 
     NodeRuntime.run(..., epoch=k)  -> at_run(k)        Epoch(k) faults
     executor.execute(step)         -> before_step(..)  Step(name) faults
-    a compiled op's kernel         -> wrapped          Op(type, nth),
+    a compiled op                  -> trigger(op)      Op(type, nth),
                                                        FailCheckpoint
 
 Only the op types and steps a fault names are touched: a node without
 faults compiles and runs exactly as before, and an op of another type
-runs its kernel unwrapped.
+runs its kernel as it is.  An op a fault names fires it just before it
+runs -- before an atomic op takes the node's lock, so a `Delay` or `Hang`
+there blocks no other branch.
 
 The book is an array of float64, one per fault of the plan: 0 until the
 fault fires, then the time it fired (`time.time`).  A fault fires when
@@ -40,7 +42,6 @@ comes first).
 """
 
 import collections
-import functools
 import threading
 import time
 
@@ -150,16 +151,16 @@ class NodeFaults:
         for index, fault in self._steps.get(step, ()):
             self._fire(index, fault, (task, step))
 
-    def wrap(self, op, kernel):
-        """``kernel`` of ``op``, or a kernel that fires the op's faults
-        first when a fault names this op."""
+    def trigger(self, op):
+        """A callable that fires ``op``'s faults, to call just before the
+        op runs -- or None when no fault names this op."""
         counted = self._ops.get(op.type)
         saves = self._saves.get(op.args.get("epoch")) \
             if op.type == "SaveCheckpoint" else None
         if not counted and not saves:
-            return kernel
+            return None
 
-        def fire_then_run(*args):
+        def fire():
             if counted:
                 with self._count_lock:
                     self._counts[op.type] += 1
@@ -172,10 +173,8 @@ class NodeFaults:
                     raise InjectedFault(
                         f"{fault!r}: the save of epoch {fault.epoch} on "
                         f"node {self.node!r} fails")
-            return kernel(*args)
 
-        return functools.wraps(kernel)(fire_then_run) \
-            if hasattr(kernel, "__name__") else fire_then_run
+        return fire
 
     # -- what a fault does --------------------------------------------------
 

@@ -268,3 +268,22 @@ def test_under_a_schedule_a_hang_without_timeout_is_a_deadlock_naming_it():
         assert [branch for branch, _ in caught.value.waiting] == ["a"]
         session.run(group)   # fired once: the next run goes through
         assert session.fetch_blob("y", "a").tolist() == [2.0, 2.0]
+
+
+def test_a_delay_at_an_atomic_op_is_virtual_and_blocks_no_branch_for_good():
+    # the fault fires before the op takes the node's lock; under a
+    # schedule the other instance's atomic ops go on while this one waits
+    # virtual time, and the run ends with every increment
+    from localcluster import LocalSession
+    plan = FaultPlan(Delay("a", at=Op("AtomicAdd", nth=1), seconds=60))
+    with LocalSession(schedule=2, faults=plan) as session:
+        session.feed_blob("acc", np.array(0.0), node="a")
+        with TaskGroup(WorkspaceType.GLOBAL) as group:
+            with Node("a"), Task(num_instances=2):
+                with ops.loop(3):
+                    ops.AtomicAdd(["acc", ops.Const(np.array(1.0))], [])
+        start = time.monotonic()
+        session.run(group, timeout=600)
+        assert time.monotonic() - start < 10
+        assert float(session.fetch_blob("acc", "a")) == 6.0
+    assert len(plan.fired()) == 1
