@@ -29,7 +29,10 @@ anywhere can use::
   SIGALRM in the main thread).
 """
 
+import importlib.util
+import multiprocessing
 import os
+import select
 import signal
 import time
 
@@ -46,20 +49,27 @@ SESSION_FDS = ("pipe:", "socket:", "anon_inode:", "/dev/shm/")
 
 # -- session kinds ------------------------------------------------------------
 
-def _ray_session():
-    from localcluster.sessions.ray import RaySession  # noqa: F401
-    return RaySession
+def _ray_session(**kwargs):
+    from localcluster.sessions.ray import RaySession
+    return RaySession(**kwargs)
 
 
 def session_kinds():
-    """``{kind: factory}`` of every installed session kind."""
+    """``{kind: factory}`` of every installed session kind (an engine's
+    kind when its module and the engine are there -- found, not imported:
+    pytest starts without importing Ray)."""
     from localcluster import LocalHostScheduler, LocalSession
     kinds = {"local": LocalSession, "localhost": LocalHostScheduler}
-    try:
-        kinds["ray"] = _ray_session()
-    except ImportError:
-        pass
+    if _findable("ray") and _findable("localcluster.sessions.ray"):
+        kinds["ray"] = _ray_session
     return kinds
+
+
+def _findable(module):
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _selected(config):
@@ -108,8 +118,9 @@ def pytest_collection_modifyitems(config, items):
         return
     for item in items:
         marker = item.get_closest_marker("localcluster")
-        timeout = _options(marker)[1] if marker else None
-        if timeout is not None:
+        timeout = marker.kwargs.get("timeout") if marker else None
+        if isinstance(timeout, (int, float)) and \
+                not isinstance(timeout, bool) and timeout > 0:
             item.add_marker(pytest.mark.timeout(timeout))
 
 
@@ -120,7 +131,7 @@ def _open(kind):
 
 
 @pytest.fixture
-def local_session():
+def local_session(_localcluster_marker):
     """An open `LocalSession`, closed after the test."""
     session = _open("local")
     try:
@@ -130,7 +141,7 @@ def local_session():
 
 
 @pytest.fixture
-def localhost_scheduler():
+def localhost_scheduler(_localcluster_marker):
     """An open `LocalHostScheduler`, closed after the test."""
     session = _open("localhost")
     try:
@@ -140,7 +151,7 @@ def localhost_scheduler():
 
 
 @pytest.fixture
-def any_session(request):
+def any_session(request, _localcluster_marker):
     """An open session of each installed kind (``--localcluster-sessions``
     narrows them), closed after the test."""
     session = _open(request.param)
@@ -152,9 +163,9 @@ def any_session(request):
 
 @pytest.fixture(autouse=True)
 def _localcluster_marker(request):
-    """The marker's checks.  Autouse, so it is set up before and torn down
-    after the fixtures the test asks for: the sessions are closed by the
-    time it looks."""
+    """The marker's checks.  Autouse, and the session fixtures depend on
+    it, so it is set up before and torn down after them: the sessions are
+    closed by the time it looks."""
     marker = request.node.get_closest_marker("localcluster")
     if marker is None:
         yield
@@ -178,18 +189,19 @@ def _localcluster_marker(request):
 
 
 def _options(marker):
-    """``(leak_check, timeout)`` of a ``localcluster`` marker."""
+    """``(leak_check, timeout)`` of a ``localcluster`` marker; a marker
+    given something else fails its test (only), saying what it takes."""
     unknown = set(marker.kwargs) - {"leak_check", "timeout"}
     if marker.args or unknown:
-        raise pytest.UsageError(
-            f"@pytest.mark.localcluster takes leak_check= and timeout=, got "
-            f"{marker.args or ''}{sorted(unknown) or ''}")
+        pytest.fail(f"@pytest.mark.localcluster takes leak_check= and "
+                    f"timeout=, got {marker.args or ''}"
+                    f"{sorted(unknown) or ''}", pytrace=False)
     timeout = marker.kwargs.get("timeout")
     if timeout is not None and (isinstance(timeout, bool) or
                                 not isinstance(timeout, (int, float)) or
                                 timeout <= 0):
-        raise pytest.UsageError(f"@pytest.mark.localcluster(timeout=) must "
-                                f"be seconds > 0, got {timeout!r}")
+        pytest.fail(f"@pytest.mark.localcluster(timeout=) must be seconds "
+                    f"> 0, got {timeout!r}", pytrace=False)
     return bool(marker.kwargs.get("leak_check", True)), timeout
 
 
@@ -254,29 +266,64 @@ def _segments():
         return set()
 
 
-def _helper_fds():
-    """The descriptors multiprocessing keeps to its own helpers (the
-    resource tracker, the forkserver), made once for the process's life."""
-    import multiprocessing.forkserver as forkserver
-    import multiprocessing.resource_tracker as resource_tracker
-    found = {getattr(resource_tracker._resource_tracker, "_fd", None),
-             getattr(forkserver._forkserver, "_forkserver_alive_fd", None)}
-    return {fd for fd in found if isinstance(fd, int)}
+def _helper_targets():
+    """What multiprocessing's own helpers (the resource tracker, the
+    forkserver) hold open: this process's end of a pipe or socket to one
+    of them is the helper's, made once for the process's life."""
+    targets = set()
+    for proc in psutil.Process().children():
+        try:
+            if not _helper(proc):
+                continue
+            for name in os.listdir(f"/proc/{proc.pid}/fd"):
+                targets.add(os.readlink(f"/proc/{proc.pid}/fd/{name}"))
+        except (OSError, psutil.Error):
+            continue
+    return targets
 
 
 def _fds():
     out = {}
-    helpers = _helper_fds()
     for name in os.listdir("/proc/self/fd"):
-        if int(name) in helpers:
-            continue
         try:
             target = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
             continue   # the listing's own descriptor, or one just closed
         if target.startswith(SESSION_FDS):
             out[int(name)] = target
+    if out:
+        helpers = _helper_targets()
+        out = {fd: t for fd, t in out.items() if t not in helpers}
     return out
+
+
+def _still_running(children, seconds):
+    """Those of ``{pid: Process}`` still running after up to ``seconds``:
+    waits on process descriptors, which wake at an exit without reaping."""
+    fds = {}
+    for pid in children:
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except OSError:
+            pass    # gone already
+    try:
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        deadline = time.monotonic() + seconds
+        left = dict(fds)
+        while left:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            for fd, _ in poller.poll(remaining * 1000):
+                poller.unregister(fd)
+                left.pop(fd, None)
+        running = {pid for fd, pid in left.items()}
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return {pid: p for pid, p in children.items() if pid in running}
 
 
 class Snapshot:
@@ -292,26 +339,21 @@ def leaks_since(before):
     """Lines naming each child process, segment and descriptor made since
     ``before`` (a `Snapshot`) and still there; the processes are killed
     and the segments unlinked once named."""
-    deadline = time.monotonic() + EXIT_GRACE
-    children = {}
-    while True:
-        children = {pid: p for pid, p in _children().items()
-                    if pid not in before.children}
-        if not children or time.monotonic() >= deadline:
-            break
-        time.sleep(0.05)
+    children = {pid: p for pid, p in _children().items()
+                if pid not in before.children}
+    children = _still_running(children, EXIT_GRACE)
     found = []
     for pid, proc in sorted(children.items()):
         try:
             what = " ".join(proc.cmdline()) or proc.name()
+            proc.kill()
         except psutil.Error:
             what = "?"
         found.append(f"child process {pid}: {what}")
-        try:
-            proc.kill()
-            proc.wait(EXIT_GRACE)
-        except psutil.Error:
-            pass
+    _still_running(children, EXIT_GRACE)
+    # let multiprocessing collect its own children (a psutil wait would
+    # reap them under its feet: their Process objects would stay "alive")
+    multiprocessing.active_children()
     for name in sorted(_segments() - before.segments):
         found.append(f"shared-memory segment /dev/shm/{name}")
         try:

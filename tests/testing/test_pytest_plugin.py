@@ -35,6 +35,15 @@ USER_TESTS = textwrap.dedent('''
         assert sorted(type(s).__name__ for s in SEEN) == \\
             ["LocalHostScheduler", "LocalSession"]
         assert not any(s.is_open() for s in SEEN)   # closed after their test
+
+    @pytest.mark.usefixtures("localhost_scheduler")
+    @pytest.mark.localcluster
+    def test_a_session_fixture_closes_before_the_leak_check_looks():
+        pass
+
+    @pytest.mark.localcluster(leek_check=True)
+    def test_a_misspelt_marker_fails_this_test_only():
+        pass
 ''')
 
 LEAKY_TESTS = textwrap.dedent('''
@@ -72,6 +81,10 @@ LEAKY_TESTS = textwrap.dedent('''
         import psutil
         assert not [p for p in psutil.Process().children()
                     if p.status() != psutil.STATUS_ZOMBIE]
+        # the leaked scheduler knows its nodes are gone: it closes at once
+        start = time.monotonic()
+        KEPT[0].close()
+        assert time.monotonic() - start < 1.0
 
     @pytest.mark.localcluster(timeout=0.5)
     def test_too_slow():
@@ -81,10 +94,13 @@ LEAKY_TESTS = textwrap.dedent('''
 
 def test_fixtures_give_open_sessions_of_each_kind_closed_after(pytester):
     pytester.makepyfile(test_user=USER_TESTS)
-    result = pytester.runpytest_subprocess("-q", "--strict-markers",
-                                           "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=3)
-    result.stdout.fnmatch_lines(["*3 passed*"])
+    result = pytester.runpytest_subprocess(
+        "-q", "--strict-markers", "-p", "no:cacheprovider",
+        "--localcluster-sessions", "local,localhost")
+    result.assert_outcomes(passed=4, errors=1)
+    result.stdout.fnmatch_lines([
+        "*ERROR at setup of test_a_misspelt_marker_fails_this_test_only*",
+        "*takes leak_check= and timeout=, got*leek_check*"])
 
 
 def test_localcluster_sessions_narrows_any_session(pytester):
