@@ -19,8 +19,11 @@ _BUILTIN_KERNELS = ("localcluster.kernels.numpy_ops",
                     "localcluster.kernels.io_ops")
 
 
-def pack_plan(plan):
-    """The plan as bytes, with the kernels of any user ops it uses."""
+def pack_plan(plan, dumps=None):
+    """The plan as bytes, with the kernels of any user ops it uses.
+    ``dumps``: the pickler (default `pickle.dumps`; an engine whose
+    workers import nothing of the user's passes one that pickles
+    functions by value)."""
     user_ops = {}
     for net in plan.step.walk_nets():
         for op in net.ops:
@@ -30,7 +33,8 @@ def pack_plan(plan):
                     _BUILTIN_KERNELS:
                 user_ops[op.type] = schema
     try:
-        return pickle.dumps((plan, user_ops), pickle.HIGHEST_PROTOCOL)
+        return (dumps or pickle.dumps)((plan, user_ops),
+                                       pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # noqa: BLE001 - re-raised as a PlanError
         raise PlanError(_unpicklable(plan, user_ops, exc)) from exc
 

@@ -26,9 +26,10 @@ __all__ = ["Prepared", "QueueChannels"]
 class Prepared:
     """Packed plans and their queues, by NodePlan (weakly)."""
 
-    def __init__(self):
+    def __init__(self, dumps=None):
         self._prepared = weakref.WeakKeyDictionary()  # plan -> (id, bytes, q)
         self._ids = itertools.count(1)
+        self._dumps = dumps   # the pickler of plans (`pack_plan`)
 
     def __call__(self, plans):
         """``{node: (plan id, bytes, queues)}`` and the cross-node queues
@@ -42,7 +43,8 @@ class Prepared:
     def _one(self, plan):
         found = self._prepared.get(plan)
         if found is None:
-            found = (next(self._ids), pack_plan(plan), queues_of(plan))
+            found = (next(self._ids), pack_plan(plan, self._dumps),
+                     queues_of(plan))
             self._prepared[plan] = found
         return found
 
