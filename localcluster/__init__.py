@@ -61,3 +61,12 @@ __all__ = [
     # modules
     "errors", "printer",
 ]
+
+
+def __getattr__(name):
+    """``localcluster.RaySession`` imports Ray only when asked for (an
+    ImportError naming ``pip install 'localcluster[ray]'`` without it)."""
+    if name == "RaySession":
+        from .sessions.ray import RaySession
+        return RaySession
+    raise AttributeError(f"module 'localcluster' has no attribute {name!r}")

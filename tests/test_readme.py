@@ -27,9 +27,9 @@ def test_the_readme_python_examples_run_as_written(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True,
                           timeout=200)
     assert done.returncode == 0, done.stderr[-2000:]
-    # the first example's comment says what it prints; so does the
-    # scheduler's, on the same group
-    assert done.stdout.count("6.0 150\n") == 2, done.stdout[:2000]
+    # the first example's comment says what it prints; so do the
+    # scheduler's and the Ray session's, on the same group
+    assert done.stdout.count("6.0 150\n") == 3, done.stdout[:2000]
 
 
 def block_after(marker):
@@ -144,8 +144,9 @@ def test_the_test_file_for_a_job_passes_under_pytest_with_the_plugin(
     block = next(b for b in python_blocks()
                  if b.startswith("# test_myjob.py"))
     pytester.makepyfile(test_myjob=block)
-    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider",
-                                           "--strict-markers")
+    result = pytester.runpytest_subprocess(
+        "-q", "-p", "no:cacheprovider", "--strict-markers",
+        "--localcluster-sessions", "local,localhost")
     result.assert_outcomes(passed=3)   # the checks, and any_session twice
 
 

@@ -1,0 +1,373 @@
+"""RaySession: every node a Ray actor hosting a `NodeRuntime`.
+
+::
+
+    RaySession (driver)                        Ray actor per node
+      run(group)                               _NodeActor (max_concurrency=2)
+        plans packed once (_prepare.Prepared)    runtime: NodeRuntime
+        load.remote(plan id, bytes) once ------>   load(): unpack, keep
+        run.remote(rid, plan id, ...) --------->   run(): NodeRuntime.run
+        driver.drive(state, _RayRunIO)             -> ("ok", outputs) or
+          io.wait: ray.wait on the run refs           ("error", error_info)
+          io.cancel: cancel.remote(rid)  ------>   cancel(): on the 2nd thread
+          io.kill: ray.kill(actor)
+        an actor that died -> NodeFailedError; a new, empty actor next run
+      fetch_blob / feed_blob / blobs / has_blob -> actor calls
+
+The same job that runs under `LocalHostScheduler` runs here unchanged: the
+rules of a run are the run driver's, the node is the shared runtime, and
+plans travel as the bytes `plan.packing` makes (with the user's
+registered ops).  With no ``address`` the session starts a local Ray
+instance sized to this machine and shuts it down on `close()`; with an
+address -- or a Ray already initialised in this process -- it connects
+and leaves the cluster running.
+
+Never Ray's own actor restarts: an actor restarted by Ray has lost its
+workspace silently.  A dead actor is a `NodeFailedError` naming the node
+and Ray's reason (exit code and signal None: Ray does not give them), and
+the next run that uses the node starts a new, empty actor, as a dead node
+process is restarted -- so ``JobRunner(max_restarts=...)`` recovers.
+
+Not yet: queues between nodes (a PlanError names the queue), faults,
+traces from the actors.
+"""
+
+import itertools
+import logging
+import os
+import sys
+import sysconfig
+import time
+
+import numpy as np
+
+try:
+    import ray
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        "RaySession needs Ray: pip install 'localcluster[ray]'") from exc
+
+from ..errors import (BlobNotFoundError, NodeFailedError, PlanError,
+                      RunTimeoutError)
+from ..plan.packing import unpack_plan
+from ..plan.validate import feedable
+from ..runtime.host import NodeRuntime
+from . import _protocol as P
+from . import driver
+from ._prepare import Prepared
+from .base import Session
+
+__all__ = ["RaySession"]
+
+log = logging.getLogger(__name__)
+
+#: seconds a node gets to stop after a cancel before its actor is killed
+CANCEL_GRACE = 1.0
+#: seconds a fetch/feed/blobs request may take
+REQUEST_TIMEOUT = 60.0
+
+
+class _NodeActor:
+    """One node: a NodeRuntime in a Ray actor (see the module docstring).
+    Its methods answer with plain data; errors travel as `error_info`."""
+
+    def __init__(self, name):
+        self.name = name
+        self.runtime = NodeRuntime(name)
+
+    def __repr__(self):
+        return self.name   # Ray prefixes the actor's output with it
+
+    def pid(self):
+        return os.getpid()
+
+    def run(self, rid, plan_id, plan_bytes, trace, epoch):
+        try:
+            if plan_bytes is not None:
+                try:
+                    plan = unpack_plan(plan_bytes)
+                except BaseException as exc:  # noqa: BLE001 - a plan error
+                    return ("error", P.error_info(exc, P.PLAN))
+                self.runtime.load(plan_id, plan)
+            # queues on this node: in-process channels, new every run
+            result = self.runtime.run(rid, plan_id, {}, trace, epoch=epoch)
+        except BaseException as exc:  # noqa: BLE001 - sent to the driver
+            return ("error", P.error_info(exc))
+        return ("ok", {"outputs": result.outputs, "seconds": result.seconds,
+                       "trace": result.trace})
+
+    def cancel(self, rid):
+        self.runtime.cancel(rid)
+
+    def fetch(self, name):
+        return self.runtime.fetch(name)
+
+    def feed(self, name, value):
+        self.runtime.feed(name, value)
+
+    def blobs(self):
+        return self.runtime.blobs()
+
+    def has(self, name):
+        return self.runtime.has(name)
+
+
+class _Node:
+    """The driver's handle of one node's actor."""
+
+    def __init__(self, name, actor):
+        self.name = name
+        self.actor = actor
+        self.plans = set()       # plan ids the actor keeps
+        self.pid = None
+
+
+class RaySession(Session):
+    """Run every Node as a Ray actor (see the module docstring).
+
+    ``address``: a Ray cluster to connect to (None: a local instance, or
+    the Ray this process already initialised); ``namespace``: Ray's;
+    further keyword arguments go to ``ray.init``."""
+
+    def __init__(self, address=None, namespace=None, faults=None,
+                 **ray_init_kwargs):
+        if faults is not None:
+            raise PlanError("RaySession does not take faults= yet; use "
+                            "LocalHostScheduler(faults=...)")
+        super().__init__()
+        self._owns_ray = False
+        if not ray.is_initialized():
+            kwargs = {"include_dashboard": False, "log_to_driver": True,
+                      "configure_logging": False}
+            if address is None:
+                kwargs["num_cpus"] = os.cpu_count()
+            kwargs.update(ray_init_kwargs)
+            ray.init(address=address, namespace=namespace, **kwargs)
+            self._owns_ray = address is None
+        self._actor_class = ray.remote(max_concurrency=2,
+                                       max_restarts=0)(_NodeActor)
+        self._nodes = {}
+        self._rids = itertools.count(1)
+        # plans pickle the user's functions by value: a job defined in
+        # __main__ or a test module reaches actors that cannot import it
+        self._prepared = Prepared(_dumps_by_value)
+
+    def __repr__(self):
+        return f"RaySession(nodes={sorted(self._nodes)}, " \
+               f"{self._state.value})"
+
+    def node_pids(self):
+        """``{node: pid}`` of each node's actor process."""
+        return {name: node.pid for name, node in self._nodes.items()}
+
+    # -- nodes ----------------------------------------------------------------
+
+    def _ensure(self, wanted):
+        """The `_Node` of each of ``{name: Node options}``, starting the
+        actors that are missing (all at once) and waiting until they run."""
+        started = []
+        for name, kwargs in wanted.items():
+            if name not in self._nodes:
+                actor = self._actor_class.options(
+                    **_actor_options(kwargs or {})).remote(name)
+                started.append(self._nodes.setdefault(name,
+                                                      _Node(name, actor)))
+        if started:
+            try:
+                pids = ray.get([n.actor.pid.remote() for n in started],
+                               timeout=REQUEST_TIMEOUT)
+            except ray.exceptions.RayActorError as exc:
+                for node in started:
+                    self._nodes.pop(node.name, None)
+                raise NodeFailedError(
+                    f"node(s) {[n.name for n in started]} could not start "
+                    f"as Ray actors: {_reason(exc)}; check their Node(...) "
+                    "options", node=started[0].name) from exc
+            for node, pid in zip(started, pids):
+                node.pid = pid
+        return [self._nodes[name] for name in wanted]
+
+    def _died(self, name, exc):
+        """The NodeFailedError of a dead actor; it is forgotten, so the
+        next run starts a new, empty one."""
+        self._nodes.pop(name, None)
+        return NodeFailedError(
+            f"node {name!r} died (its Ray actor: {_reason(exc)}); it "
+            "restarts with an empty workspace on the next run", node=name)
+
+    def _close(self):
+        for node in self._nodes.values():
+            try:
+                ray.kill(node.actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - dead already
+                pass
+        self._nodes.clear()
+        if self._owns_ray:
+            ray.shutdown()
+
+    # -- running ----------------------------------------------------------------
+
+    def _run_plans(self, plans, timeout):
+        prepared, shared = self._prepared(plans)
+        if shared:
+            raise PlanError(
+                f"queue(s) {sorted(map(str, shared))} cross nodes; RaySession"
+                " does not carry queues between nodes yet -- keep both ends "
+                "on one node, or use LocalHostScheduler")
+        nodes = self._ensure({p.node: p.node_kwargs for p in plans})
+        rid = next(self._rids)
+        refs = {}
+        for plan, node in zip(plans, nodes):
+            plan_id, payload, _ = prepared[plan.node]
+            send = None if plan_id in node.plans else payload
+            node.plans.add(plan_id)
+            ref = node.actor.run.remote(rid, plan_id, send, self.trace_steps,
+                                        self.current_epoch)
+            refs[ref] = plan.node
+        io = _RayRunIO(self, refs)
+        state = driver.start(list(refs.values()), rid, time.monotonic(),
+                             timeout)
+        return driver.drive(state, io, CANCEL_GRACE, timeout)
+
+    # -- blobs ------------------------------------------------------------------
+
+    def _call(self, name, method, *args):
+        node = self._nodes.get(str(name))
+        if node is None:
+            return None
+        try:
+            return ray.get(getattr(node.actor, method).remote(*args),
+                           timeout=REQUEST_TIMEOUT)
+        except ray.exceptions.RayActorError as exc:
+            raise self._died(node.name, exc) from None
+
+    def fetch_blob(self, name, node="local", copy=True):
+        self._check_open()
+        value = self._call(node, "fetch", str(name))
+        if value is None:
+            raise BlobNotFoundError(
+                name, node, "no run on that node wrote it" if str(node) in
+                self._nodes else "that node has not run anything in this "
+                "session")
+        if copy:
+            return np.array(value, copy=True)
+        view = value.view()
+        view.flags.writeable = False
+        return view
+
+    def feed_blob(self, name, value, node="local"):
+        self._check_open()
+        value = feedable(name, value)
+        self._ensure({str(node): None})
+        self._call(node, "feed", str(name), value)
+
+    def blobs(self, node="local"):
+        self._check_open()
+        return self._call(node, "blobs") or []
+
+    def has_blob(self, name, node="local"):
+        self._check_open()
+        return bool(self._call(node, "has", str(name)))
+
+
+class _RayRunIO(driver.RunIO):
+    """The driver's I/O over the run's Ray object refs."""
+
+    def __init__(self, session, refs):
+        self.session = session
+        self.refs = dict(refs)       # object ref -> node
+
+    now = staticmethod(time.monotonic)
+
+    def wait(self, timeout):
+        if not self.refs:
+            return []
+        ready, _ = ray.wait(list(self.refs), num_returns=1,
+                            timeout=timeout)
+        if not ready:
+            return []
+        ready, _ = ray.wait(list(self.refs), num_returns=len(self.refs),
+                            timeout=0)
+        return [self._event(ref) for ref in ready]
+
+    def _event(self, ref):
+        node = self.refs.pop(ref)
+        try:
+            kind, payload = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            return (driver.DIED, node, self.session._died(node, exc))
+        if kind == "error":
+            return (driver.FAILED, node, P.rebuild_error(node, payload))
+        self.session._node_done(node)
+        if payload.get("trace") is not None:
+            self.session.last_run_trace[node] = payload["trace"]
+        return (driver.DONE, node, payload["outputs"])
+
+    def cancel(self, nodes, rid):
+        for name in nodes:
+            node = self.session._nodes.get(name)
+            if node is not None:
+                node.actor.cancel.remote(rid)
+
+    def kill(self, nodes):
+        for name in nodes:
+            node = self.session._nodes.get(name)
+            if node is not None:
+                ray.kill(node.actor, no_restart=True)
+
+    def timeout_error(self, timeout, late, killed):
+        return RunTimeoutError(
+            f"run did not finish within {timeout} s (still running: {late})"
+            + (f"; {killed} did not stop when cancelled and were killed"
+               if killed else ""), nodes=late, killed=killed)
+
+
+def _dumps_by_value(obj, protocol):
+    """``cloudpickle.dumps`` of ``(plan, user_ops)``, the modules of the
+    user's functions (Python ops, registered kernels) pickled by value --
+    but those installed as packages, which every Ray worker imports."""
+    plan, user_ops = obj
+    functions = [schema.kernel for schema in user_ops.values()]
+    for net in plan.step.walk_nets():
+        for op in net.ops:
+            functions += [v for v in op.args.values() if callable(v)]
+    for fn in functions:
+        module = sys.modules.get(getattr(fn, "__module__", None) or "")
+        if module is not None and _by_value(module):
+            ray.cloudpickle.register_pickle_by_value(module)
+    return ray.cloudpickle.dumps(obj, protocol)
+
+
+def _by_value(module):
+    """A module of the user's own (not localcluster, not installed, not
+    the standard library): the workers may not be able to import it."""
+    name = module.__name__
+    path = getattr(module, "__file__", None) or ""
+    return not (name == "localcluster" or name.startswith("localcluster.")
+                or name == "__main__" or "site-packages" in path or
+                "dist-packages" in path or not path or
+                path.startswith(_STDLIB))
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def _actor_options(kwargs):
+    """Ray actor options from a Node's options (an actor holds no CPU
+    unless its Node asks for ``cpus``)."""
+    options = {"num_cpus": 0, "max_restarts": 0}
+    cpus = kwargs.get("cpus")
+    if cpus:
+        options["num_cpus"] = len(cpus)
+    if kwargs.get("memory_limit"):
+        options["memory"] = int(kwargs["memory_limit"])
+    if kwargs.get("env"):
+        options["runtime_env"] = {"env_vars": {
+            str(k): str(v) for k, v in kwargs["env"].items()}}
+    return options
+
+
+def _reason(exc):
+    """Ray's reason for an actor's death, in one line."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,203 @@
+"""RaySession on one local Ray instance (per test module): the same runs,
+errors, deaths and restarts as the other sessions, with each node a Ray
+actor hosting the shared NodeRuntime."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+
+from localcluster import (Job, JobRunner, MultiNodeCheckpointManager, Node,  # noqa: E402
+                          NodeFailedError, PlanError, Queue, RunTimeoutError,
+                          Task, TaskFailedError, TaskGroup, WorkspaceType,
+                          epoch_limiter, final_output, ops)
+from localcluster.errors import BlobNotFoundError  # noqa: E402
+from localcluster.sessions.ray import RaySession  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    """One local Ray for the module; sessions connect to it and leave it
+    running."""
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
+             log_to_driver=False)
+    # Ray's driver opens its connections to the cluster lazily, on the
+    # first actor: made here, they are the module's, not a test's leak
+    with RaySession() as warm:
+        warm.feed_blob("x", np.ones(1), node="warm")
+        warm.fetch_blob("x", "warm")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def session(ray_instance):
+    s = RaySession()
+    yield s
+    s.close()
+
+
+def two_nodes():
+    with TaskGroup(WorkspaceType.GLOBAL) as group:
+        with Node("a"), Task():
+            x = final_output(ops.Const(np.arange(3.0), name="x"))
+        with Node("b"), Task():
+            ops.Scale([ops.Const(np.ones(2))], ["y"], scale=3.0)
+    return group, x
+
+
+def test_a_group_runs_on_actors_and_its_outputs_come_back(session):
+    group, x = two_nodes()
+    session.run(group)
+    assert x.fetch().tolist() == [0.0, 1.0, 2.0]
+    assert session.fetch_blob("y", "b").tolist() == [3.0, 3.0]
+    pids = session.node_pids()
+    assert sorted(pids) == ["a", "b"] and os.getpid() not in pids.values()
+    session.run(group)                       # the plan is kept by the actor
+    assert session.node_pids() == pids
+
+
+def test_blobs_feed_fetch_and_what_is_missing(session):
+    assert not session.has_blob("z", "c")    # starts nothing
+    assert "c" not in session.node_pids()
+    session.feed_blob("z", np.arange(4), node="c")
+    assert session.fetch_blob("z", "c").tolist() == [0, 1, 2, 3]
+    view = session.fetch_blob("z", "c", copy=False)
+    assert not view.flags.writeable
+    assert session.blobs("c") == ["z"] and session.has_blob("z", "c")
+    with pytest.raises(BlobNotFoundError, match="'nope'.*'c'"):
+        session.fetch_blob("nope", "c")
+
+
+def boom(value):
+    raise ValueError("boom")
+
+
+def test_an_op_error_names_node_and_op_and_cancels_the_others(session):
+    # boom is this test module's function: plans carry it by value
+    with TaskGroup() as group:
+        with Node("a"), Task():
+            ops.Python(boom)([ops.Const(np.ones(1))], [])
+        with Node("b"), Task():
+            ops.Sleep([], [], seconds=60)
+    start = time.monotonic()
+    with pytest.raises(TaskFailedError, match="boom") as caught:
+        session.run(group)
+    assert time.monotonic() - start < 10
+    assert caught.value.node == "a" and caught.value.op_type == "Python"
+    group2, x = two_nodes()
+    session.run(group2)                       # usable after it
+    assert x.fetch().tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_run_past_its_timeout_is_cancelled(session):
+    with TaskGroup() as group:
+        with Node("b"), Task():
+            ops.Sleep([], [], seconds=60)
+    start = time.monotonic()
+    with pytest.raises(RunTimeoutError) as caught:
+        session.run(group, timeout=0.5)
+    assert time.monotonic() - start < 10
+    assert caught.value.nodes == ("b",)
+
+
+def test_a_killed_actor_is_a_node_failure_and_restarts_empty(session):
+    group, _ = two_nodes()
+    session.run(group)
+    session.feed_blob("kept", np.ones(1), node="b")
+    os.kill(session.node_pids()["b"], signal.SIGKILL)
+    with pytest.raises(NodeFailedError, match="'b'") as caught:
+        session.run(group)
+    assert caught.value.node == "b"
+    session.run(group)                        # a new, empty actor
+    assert not session.has_blob("kept", "b")
+    assert session.fetch_blob("y", "b").tolist() == [3.0, 3.0]
+
+
+def die_once_in_epoch(epoch, marker):
+    if int(epoch) == 3 and not os.path.exists(str(marker)):
+        open(str(marker), "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def build_job(marker):
+    with Job() as job:
+        for i, node in enumerate(["t0", "t1"]):
+            with Node(node):
+                with job.init_group, Task():
+                    ops.Const(np.full(3, float(i + 1)), name="w")
+                    ops.Const(np.array(0), name="epoch_no")
+                    ops.Const(np.array(str(marker)), name="marker")
+                with Task():
+                    ops.Add(["epoch_no", ops.Const(np.array(1))],
+                            ["epoch_no"])
+                    ops.Scale(["w"], ["w"], scale=1.5)
+                    if node == "t1":
+                        ops.Python(die_once_in_epoch)(["epoch_no", "marker"],
+                                                      [])
+        with Node("t0"):
+            epoch_limiter(job, 5)
+    return job
+
+
+def test_max_restarts_recovers_a_node_killed_in_epoch_3(session, tmp_path):
+    never = tmp_path / "never"
+    never.touch()
+    with RaySession() as clean:
+        JobRunner(build_job(never), MultiNodeCheckpointManager(
+            str(tmp_path / "u"))).train(clean)
+        expected = [clean.fetch_blob("w", n).tolist() for n in ("t0", "t1")]
+    runner = JobRunner(build_job(tmp_path / "died"),
+                       MultiNodeCheckpointManager(str(tmp_path / "r")),
+                       max_restarts=1)
+    assert runner.train(session) == 5
+    assert [session.fetch_blob("w", n).tolist() for n in ("t0", "t1")] \
+        == expected
+    assert [epoch for epoch, _ in runner.result.restarts] == [2]
+
+
+def test_a_queue_between_nodes_is_a_plan_error_naming_it(session):
+    queue = Queue(2, name="across")
+    with TaskGroup() as group:
+        with Node("a"), Task():
+            writer = queue.writer()
+            writer.write_record(ops.net(), {"v": ops.Const(np.ones(1))})
+        with Node("b"), Task():
+            queue.reader().read_record(ops.net())
+    with pytest.raises(PlanError, match="across"):
+        session.run(group)
+
+
+def test_close_leaves_no_actor_process(ray_instance):
+    session = RaySession()
+    group, _ = two_nodes()
+    session.run(group)
+    pids = list(session.node_pids().values())
+    session.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(
+            psutil.pid_exists(p) and psutil.Process(p).status() !=
+            psutil.STATUS_ZOMBIE for p in pids):
+        time.sleep(0.1)
+    assert not [p for p in pids if psutil.pid_exists(p) and
+                psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert ray.is_initialized()   # a Ray it did not start stays up
+
+
+def test_the_import_error_names_the_extra():
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "import localcluster\n"
+            "try:\n"
+            "    localcluster.RaySession\n"
+            "except ImportError as exc:\n"
+            "    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=60)
+    assert "pip install 'localcluster[ray]'" in done.stdout, done.stderr
