@@ -103,6 +103,8 @@ def resume_hint(args, checkpoint_dir):
     parts = []
     if args.session != "localhost":
         parts += ["--session", args.session]
+    if getattr(args, "ray_address", None):
+        parts += ["--ray-address", args.ray_address]
     if args.max_restarts:
         parts += ["--max-restarts", str(args.max_restarts)]
     if args.timeout is not None:

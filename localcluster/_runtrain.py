@@ -14,7 +14,7 @@ from . import (JobRunner, LocalClusterError, LocalHostScheduler,
 from .plan.faults import FaultPlan
 from ._rundir import is_run_file
 from ._runfail import describe, resume_hint
-from ._runjob import DEFAULT_JOB, job_nodes
+from ._runjob import DEFAULT_JOB, UsageError, job_nodes
 from ._runreport import EpochWatch, Progress, Usage
 from ._runsignals import exit_status
 from ._runtrace import chrome_trace
@@ -50,11 +50,13 @@ class Run:
             return self._failed(1, f"the job's metrics {bad} are not "
                                 "TaskOutputs (task.add_output(blob) makes "
                                 "one)")
-        session_class = LocalHostScheduler if args.session == "localhost" \
-            else LocalSession
+        session_class = _session_class(args.session)
         progress = self._header(session_class)
         started = time.monotonic()
-        session = session_class(faults=args.faults)
+        kwargs = {"faults": args.faults}
+        if args.session == "ray" and args.ray_address:
+            kwargs["address"] = args.ray_address
+        session = session_class(**kwargs)
         try:
             session.trace_steps = self.trace is not None
             self.watch = EpochWatch(self.nodes, metrics,
@@ -88,10 +90,11 @@ class Run:
         progress.line(f"  checkpoints: {self.directory}"
                       + (f" (resuming from epoch {resume})"
                          if resume is not None else ""))
-        if self.max_restarts and args.session == "local":
+        if self.max_restarts and args.session == "local" and \
+                args.faults is None:
             progress.line("  note: --max-restarts does nothing under "
                           "--session local: a node there is a thread of "
-                          "this process")
+                          "this process (only a --faults kill ends one)")
         if resume is not None and self.manager.epoch_is_final(resume):
             progress.line(f"  epoch {resume} is where this run stopped: "
                           "there is no epoch left to train")
@@ -202,3 +205,17 @@ class Run:
             progress.line(f"  trace: {self.trace.path} (open in "
                           "chrome://tracing or ui.perfetto.dev)")
         return 0, summary
+
+
+def _session_class(kind):
+    """The session class of ``--session``."""
+    if kind == "localhost":
+        return LocalHostScheduler
+    if kind == "local":
+        return LocalSession
+    try:
+        from .sessions.ray import RaySession
+    except ImportError:
+        raise UsageError("--session ray needs Ray: pip install "
+                         "'localcluster[ray]'") from None
+    return RaySession

@@ -138,9 +138,13 @@ def parser():
     p.add_argument("--threads", type=_whole(1, MAX_THREADS),
                    help="hogwild threads per trainer (default 2; 1 makes a "
                         "run bit-for-bit repeatable)")
-    p.add_argument("--session", choices=("localhost", "local"),
+    p.add_argument("--session", choices=("localhost", "local", "ray"),
                    default="localhost",
-                   help="one process per node (default) or all in-process")
+                   help="one process per node (default), all in-process, "
+                        "or a Ray actor per node")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="with --session ray: the Ray cluster to run on "
+                        "(default: a local Ray instance for the run)")
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="where every node checkpoints every epoch (default: "
                         "a fresh temporary directory, printed); one run at "
@@ -260,6 +264,8 @@ def _command(args, signals):
     if args.resume is not None and args.overwrite:
         raise UsageError("--overwrite starts over and --resume goes on: "
                          "give one of them")
+    if args.ray_address and args.session != "ray":
+        raise UsageError("--ray-address goes with --session ray")
     if args.print_plan:
         return _print_plan(args)
     if args.check is not None:

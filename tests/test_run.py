@@ -276,8 +276,8 @@ def test_a_bad_job_value_is_a_clear_usage_error(tmp_path, value, message):
 
 
 def test_usage_errors_exit_2():
-    for args in (["--nodes", "0"], ["--resume"], ["--session", "ray"],
-                 ["--epochs", "x"]):
+    for args in (["--nodes", "0"], ["--resume"], ["--session", "mars"],
+                 ["--epochs", "x"], ["--ray-address", "x"]):
         done = run(*args)
         assert done.returncode == 2, args
         assert "error:" in done.stderr

@@ -28,8 +28,8 @@ and Ray's reason (exit code and signal None: Ray does not give them), and
 the next run that uses the node starts a new, empty actor, as a dead node
 process is restarted -- so ``JobRunner(max_restarts=...)`` recovers.
 
-Not yet: queues between nodes (a PlanError names the queue), faults,
-traces from the actors.
+Queues between nodes go through a channel actor per queue
+(`_raychannel`).  Not yet: faults, traces from the actors.
 """
 
 import itertools
@@ -55,6 +55,7 @@ from ..runtime.host import NodeRuntime
 from . import _protocol as P
 from . import driver
 from ._prepare import Prepared
+from ._raychannel import ChannelActor, actor_channels
 from .base import Session
 
 __all__ = ["RaySession"]
@@ -73,7 +74,7 @@ class _NodeActor:
 
     def __init__(self, name):
         self.name = name
-        self.runtime = NodeRuntime(name)
+        self.runtime = NodeRuntime(name, channel_factory=actor_channels)
 
     def __repr__(self):
         return self.name   # Ray prefixes the actor's output with it
@@ -81,7 +82,7 @@ class _NodeActor:
     def pid(self):
         return os.getpid()
 
-    def run(self, rid, plan_id, plan_bytes, trace, epoch):
+    def run(self, rid, plan_id, plan_bytes, trace, epoch, channels):
         try:
             if plan_bytes is not None:
                 try:
@@ -89,8 +90,10 @@ class _NodeActor:
                 except BaseException as exc:  # noqa: BLE001 - a plan error
                     return ("error", P.error_info(exc, P.PLAN))
                 self.runtime.load(plan_id, plan)
-            # queues on this node: in-process channels, new every run
-            result = self.runtime.run(rid, plan_id, {}, trace, epoch=epoch)
+            # queues between nodes: the run's channel actors; within the
+            # node: in-process channels, new every run
+            result = self.runtime.run(rid, plan_id, (channels, {}), trace,
+                                      epoch=epoch)
         except BaseException as exc:  # noqa: BLE001 - sent to the driver
             return ("error", P.error_info(exc))
         return ("ok", {"outputs": result.outputs, "seconds": result.seconds,
@@ -146,6 +149,8 @@ class RaySession(Session):
             self._owns_ray = address is None
         self._actor_class = ray.remote(max_concurrency=2,
                                        max_restarts=0)(_NodeActor)
+        self._channel_class = ray.remote(max_restarts=0)(ChannelActor)
+        self._queue_actors = {}   # (queue id, capacity) -> channel actor
         self._nodes = {}
         self._rids = itertools.count(1)
         # plans pickle the user's functions by value: a job defined in
@@ -196,12 +201,14 @@ class RaySession(Session):
             "restarts with an empty workspace on the next run", node=name)
 
     def _close(self):
-        for node in self._nodes.values():
+        for actor in [n.actor for n in self._nodes.values()] + \
+                list(self._queue_actors.values()):
             try:
-                ray.kill(node.actor, no_restart=True)
+                ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - dead already
                 pass
         self._nodes.clear()
+        self._queue_actors.clear()
         if self._owns_ray:
             ray.shutdown()
 
@@ -209,11 +216,7 @@ class RaySession(Session):
 
     def _run_plans(self, plans, timeout):
         prepared, shared = self._prepared(plans)
-        if shared:
-            raise PlanError(
-                f"queue(s) {sorted(map(str, shared))} cross nodes; RaySession"
-                " does not carry queues between nodes yet -- keep both ends "
-                "on one node, or use LocalHostScheduler")
+        channels = self._channels_for(shared)
         nodes = self._ensure({p.node: p.node_kwargs for p in plans})
         rid = next(self._rids)
         refs = {}
@@ -222,12 +225,29 @@ class RaySession(Session):
             send = None if plan_id in node.plans else payload
             node.plans.add(plan_id)
             ref = node.actor.run.remote(rid, plan_id, send, self.trace_steps,
-                                        self.current_epoch)
+                                        self.current_epoch, channels)
             refs[ref] = plan.node
         io = _RayRunIO(self, refs)
         state = driver.start(list(refs.values()), rid, time.monotonic(),
                              timeout)
         return driver.drive(state, io, CANCEL_GRACE, timeout)
+
+    def _channels_for(self, shared):
+        """``{queue id: channel actor}`` of the run's cross-node queues
+        (``{queue id: capacity}``), each made on first use and reset --
+        empty and open -- for the run."""
+        channels = {}
+        for queue, capacity in shared.items():
+            handle = self._queue_actors.get((queue, capacity))
+            if handle is None:
+                handle = self._channel_class.options(num_cpus=0).remote(
+                    capacity, str(queue))
+                self._queue_actors[(queue, capacity)] = handle
+            channels[queue] = handle
+        if channels:
+            ray.get([h.reset.remote() for h in channels.values()],
+                    timeout=REQUEST_TIMEOUT)
+        return channels
 
     # -- blobs ------------------------------------------------------------------
 

@@ -21,7 +21,8 @@ anywhere can use::
   left that a session makes -- a child process (not a zombie, not one of
   multiprocessing's own helpers), a shared-memory segment of this process
   (``/dev/shm/lc_<pid>_*``), a descriptor on a pipe, socket, eventfd or
-  /dev/shm file -- fails it, naming each.  Processes get a moment to
+  /dev/shm file (but sockets while Ray is initialised here: its driver
+  keeps channels to its workers as it pleases) -- fails it, naming each.  Processes get a moment to
   exit; what leaked is then killed and unlinked (descriptors are named
   only: closing them could close what an object still holds), so one bad
   test does not spoil the next.  ``timeout``: the test fails once it has
@@ -34,6 +35,7 @@ import multiprocessing
 import os
 import select
 import signal
+import sys
 import time
 
 import psutil
@@ -294,7 +296,19 @@ def _fds():
     if out:
         helpers = _helper_targets()
         out = {fd: t for fd, t in out.items() if t not in helpers}
+    if _ray_initialised():
+        # Ray's driver opens and keeps gRPC channels to its workers as it
+        # pleases: its sockets are Ray's, not a session's
+        out = {fd: t for fd, t in out.items() if not t.startswith("socket:")}
     return out
+
+
+def _ray_initialised():
+    ray = sys.modules.get("ray")
+    try:
+        return ray is not None and ray.is_initialized()
+    except Exception:  # noqa: BLE001 - a half-imported or stub module
+        return False
 
 
 def _still_running(children, seconds):

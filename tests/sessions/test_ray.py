@@ -163,16 +163,46 @@ def test_max_restarts_recovers_a_node_killed_in_epoch_3(session, tmp_path):
     assert [epoch for epoch, _ in runner.result.restarts] == [2]
 
 
-def test_a_queue_between_nodes_is_a_plan_error_naming_it(session):
+def test_records_cross_nodes_through_a_queue_in_order(session):
     queue = Queue(2, name="across")
+    with TaskGroup(WorkspaceType.GLOBAL) as group:
+        with Node("a"), Task():
+            with ops.loop(5) as loop:
+                writer = queue.writer()
+                value = ops.Cast([loop.iter()], to="float64")
+                writer.write_record(ops.net(), {"v": value})
+            writer.commit(ops.net())
+        with Node("b"), Task():
+            ops.Const(np.array(0.0), name="total")
+            ops.Const(np.array(0), name="seen")
+            with ops.loop():
+                stop, record = queue.reader().read_record(ops.net())
+                ops.stop_if(stop)
+                ops.Add(["total", record["v"]], ["total"])
+                ops.CountUp(["seen"])
+    for _ in range(2):     # the channel starts empty and open every run
+        session.run(group, timeout=60)
+        assert float(session.fetch_blob("total", "b")) == 10.0
+        assert int(session.fetch_blob("seen", "b")) == 5
+
+
+def test_a_reader_whose_writer_dies_fails_and_does_not_hang(session):
+    queue = Queue(1, name="orphan")
     with TaskGroup() as group:
         with Node("a"), Task():
-            writer = queue.writer()
-            writer.write_record(ops.net(), {"v": ops.Const(np.ones(1))})
+            ops.Python(die_now)([ops.Const(np.ones(1))], [])
+            queue.writer().write_record(ops.net(), {"v": ops.Const(
+                np.ones(1))})
         with Node("b"), Task():
             queue.reader().read_record(ops.net())
-    with pytest.raises(PlanError, match="across"):
+    start = time.monotonic()
+    with pytest.raises(NodeFailedError, match="'a'"):
         session.run(group)
+    assert time.monotonic() - start < 20
+
+
+def die_now(value):
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def test_close_leaves_no_actor_process(ray_instance):
@@ -201,3 +231,16 @@ def test_the_import_error_names_the_extra():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True,
                           text=True, timeout=60)
     assert "pip install 'localcluster[ray]'" in done.stdout, done.stderr
+
+
+def test_the_command_line_trains_the_example_to_the_localhost_loss():
+    def loss(*args):
+        done = subprocess.run(
+            [sys.executable, "-m", "localcluster.run", "--json", "--threads",
+             "1", "--epochs", "2", *args], capture_output=True, text=True,
+            timeout=180)
+        assert done.returncode == 0, done.stderr[-2000:]
+        import json
+        return json.loads(done.stdout)["epochs"][-1]["metrics"]["loss"]
+
+    assert loss("--session", "ray") == loss("--session", "localhost")
