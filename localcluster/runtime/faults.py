@@ -42,6 +42,9 @@ comes first).
 """
 
 import collections
+import os
+import signal
+import sys
 import threading
 import time
 
@@ -53,7 +56,7 @@ from ..plan.faults import (EXIT_STATUS, Delay, Epoch, FailCheckpoint, Hang,
                            Kill, Op, Step)
 
 __all__ = ["NodeFaults", "FaultBook", "NodeDeath", "faults_of_node",
-           "shared_book", "mapped_book", "die_in_thread"]
+           "shared_book", "mapped_book", "die_in_thread", "die_in_process"]
 
 
 class NodeDeath(BaseException):
@@ -216,3 +219,17 @@ def die_in_thread(node):
     def die(how, fault):
         raise NodeDeath(node, how, fault)
     return die
+
+
+def die_in_process(how, fault):
+    """The ``die`` of a process host (a node process, an engine's worker):
+    the process ends as a real failure would -- SIGKILL, or exit status 3
+    -- once its buffered output is flushed."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    if how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(EXIT_STATUS)

@@ -33,16 +33,14 @@ import pickle
 import queue
 import select
 import signal
-import sys
 import threading
 
 import numpy as np
 
-from ..plan.faults import EXIT_STATUS
 from ..plan.packing import unpack_plan
 from ..runtime import shm
 from ..runtime.channels import LocalChannel
-from ..runtime.faults import NodeFaults, mapped_book
+from ..runtime.faults import NodeFaults, die_in_process, mapped_book
 from ..runtime.host import NodeRuntime
 from ..runtime.shm_channel import ShmChannel
 from . import _protocol as P
@@ -156,7 +154,8 @@ class _NodeServer:
         if not spec.faults or not spec.faults[1]:
             return None
         book, faults = spec.faults
-        return NodeFaults(spec.name, faults, mapped_book(book), _die)
+        return NodeFaults(spec.name, faults, mapped_book(book),
+                          die_in_process)
 
     def send(self, msg):
         with self.send_lock:
@@ -296,20 +295,6 @@ class _NodeServer:
             return {"inline": np.array(value, copy=True)}
         return {"segment": segment, "shape": value.shape,
                 "dtype": value.dtype.str}
-
-
-def _die(how, fault):
-    """A `Kill` fault: this node process ends as a real failure would --
-    SIGKILL, or exit status 3 -- once its buffered output is flushed."""
-    log.info("%r fires", fault)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    if how == "sigkill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    os._exit(EXIT_STATUS)
 
 
 def _is_memory(exc):

@@ -29,7 +29,9 @@ the next run that uses the node starts a new, empty actor, as a dead node
 process is restarted -- so ``JobRunner(max_restarts=...)`` recovers.
 
 Queues between nodes go through a channel actor per queue
-(`_raychannel`).  Not yet: faults, traces from the actors.
+(`_raychannel`).  A fault plan's book is a small actor every node
+actor asks before it fires a fault; a `Kill` ends the actor's process.
+Not yet: traces from the actors.
 """
 
 import itertools
@@ -47,10 +49,11 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError(
         "RaySession needs Ray: pip install 'localcluster[ray]'") from exc
 
-from ..errors import (BlobNotFoundError, NodeFailedError, PlanError,
-                      RunTimeoutError)
+from ..errors import BlobNotFoundError, NodeFailedError, RunTimeoutError
+from ..plan.faults import Kill
 from ..plan.packing import unpack_plan
 from ..plan.validate import feedable
+from ..runtime.faults import NodeFaults, die_in_process, faults_of_node
 from ..runtime.host import NodeRuntime
 from . import _protocol as P
 from . import driver
@@ -72,9 +75,14 @@ class _NodeActor:
     """One node: a NodeRuntime in a Ray actor (see the module docstring).
     Its methods answer with plain data; errors travel as `error_info`."""
 
-    def __init__(self, name):
+    def __init__(self, name, faults=None, book=None):
         self.name = name
-        self.runtime = NodeRuntime(name, channel_factory=actor_channels)
+        node_faults = None
+        if faults:   # a Kill ends this actor's process for real
+            node_faults = NodeFaults(name, faults, _RemoteBook(book),
+                                     die_in_process)
+        self.runtime = NodeRuntime(name, channel_factory=actor_channels,
+                                   faults=node_faults)
 
     def __repr__(self):
         return self.name   # Ray prefixes the actor's output with it
@@ -115,6 +123,33 @@ class _NodeActor:
         return self.runtime.has(name)
 
 
+class _BookActor:
+    """The fault plan's book, shared by a session's actors: when each
+    fault fired (0: not yet)."""
+
+    def __init__(self, size):
+        self.times = [0.0] * size
+
+    def take(self, index):
+        if self.times[index]:
+            return False
+        self.times[index] = time.time()
+        return True
+
+    def read(self):
+        return list(self.times)
+
+
+class _RemoteBook:
+    """A node's view of the `_BookActor`: `FaultBook`'s ``take``."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def take(self, index):
+        return ray.get(self._handle.take.remote(index))
+
+
 class _Node:
     """The driver's handle of one node's actor."""
 
@@ -134,10 +169,7 @@ class RaySession(Session):
 
     def __init__(self, address=None, namespace=None, faults=None,
                  **ray_init_kwargs):
-        if faults is not None:
-            raise PlanError("RaySession does not take faults= yet; use "
-                            "LocalHostScheduler(faults=...)")
-        super().__init__()
+        super().__init__(faults=faults)
         self._owns_ray = False
         if not ray.is_initialized():
             kwargs = {"include_dashboard": False, "log_to_driver": True,
@@ -156,6 +188,10 @@ class RaySession(Session):
         # plans pickle the user's functions by value: a job defined in
         # __main__ or a test module reaches actors that cannot import it
         self._prepared = Prepared(_dumps_by_value)
+        self._book = None
+        if self.faults is not None:
+            self._book = ray.remote(_BookActor).options(num_cpus=0).remote(
+                len(self.faults))
 
     def __repr__(self):
         return f"RaySession(nodes={sorted(self._nodes)}, " \
@@ -174,7 +210,8 @@ class RaySession(Session):
         for name, kwargs in wanted.items():
             if name not in self._nodes:
                 actor = self._actor_class.options(
-                    **_actor_options(kwargs or {})).remote(name)
+                    **_actor_options(kwargs or {})).remote(
+                        name, faults_of_node(self.faults, name), self._book)
                 started.append(self._nodes.setdefault(name,
                                                       _Node(name, actor)))
         if started:
@@ -196,13 +233,28 @@ class RaySession(Session):
         """The NodeFailedError of a dead actor; it is forgotten, so the
         next run starts a new, empty one."""
         self._nodes.pop(name, None)
+        killed_by = [f.fault for f in self._sync_faults()
+                     if f.node == name and isinstance(f.fault, Kill)]
+        why = f"{killed_by[-1]!r} fired; " if killed_by else ""
         return NodeFailedError(
-            f"node {name!r} died (its Ray actor: {_reason(exc)}); it "
+            f"node {name!r} died (its Ray actor: {_reason(exc)}); {why}it "
             "restarts with an empty workspace on the next run", node=name)
 
+    def _sync_faults(self):
+        if self._book is not None:
+            self._fault_times = ray.get(self._book.read.remote(),
+                                        timeout=REQUEST_TIMEOUT)
+        return super()._sync_faults()
+
     def _close(self):
+        if self._book is not None:
+            try:
+                self._sync_faults()
+            except Exception:  # noqa: BLE001 - Ray gone: nothing to read
+                log.debug("fault book unreadable at close", exc_info=True)
         for actor in [n.actor for n in self._nodes.values()] + \
-                list(self._queue_actors.values()):
+                list(self._queue_actors.values()) + \
+                ([self._book] if self._book is not None else []):
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - dead already

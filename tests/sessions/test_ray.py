@@ -15,7 +15,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 
 from localcluster import (Job, JobRunner, MultiNodeCheckpointManager, Node,  # noqa: E402
-                          NodeFailedError, PlanError, Queue, RunTimeoutError,
+                          NodeFailedError, Queue, RunTimeoutError,
                           Task, TaskFailedError, TaskGroup, WorkspaceType,
                           epoch_limiter, final_output, ops)
 from localcluster.errors import BlobNotFoundError  # noqa: E402
@@ -161,6 +161,27 @@ def test_max_restarts_recovers_a_node_killed_in_epoch_3(session, tmp_path):
     assert [session.fetch_blob("w", n).tolist() for n in ("t0", "t1")] \
         == expected
     assert [epoch for epoch, _ in runner.result.restarts] == [2]
+
+
+def test_a_kill_fault_ends_the_actor_and_restarts_recover(ray_instance,
+                                                           tmp_path):
+    from localcluster.testing import Epoch, FaultPlan, Kill
+    never = tmp_path / "never"
+    never.touch()
+    with RaySession() as clean:
+        JobRunner(build_job(never), MultiNodeCheckpointManager(
+            str(tmp_path / "u"))).train(clean)
+        expected = [clean.fetch_blob("w", n).tolist() for n in ("t0", "t1")]
+    plan = FaultPlan(Kill("t0", at=Epoch(2)))
+    with RaySession(faults=plan) as session:
+        runner = JobRunner(build_job(never), MultiNodeCheckpointManager(
+            str(tmp_path / "f")), max_restarts=1)
+        runner.train(session)
+        assert [session.fetch_blob("w", n).tolist()
+                for n in ("t0", "t1")] == expected
+        [(epoch, message)] = runner.result.restarts
+        assert epoch == 1 and "Kill(node='t0'" in message
+        assert [f.node for f in plan.fired()] == ["t0"]
 
 
 def test_records_cross_nodes_through_a_queue_in_order(session):
