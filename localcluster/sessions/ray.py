@@ -114,7 +114,9 @@ class _NodeActor:
         return self.runtime.fetch(name)
 
     def feed(self, name, value):
-        self.runtime.feed(name, value)
+        # Ray hands numpy arguments over as read-only views of its object
+        # store: the workspace keeps its own, writable copy
+        self.runtime.feed(name, np.array(value, copy=True))
 
     def blobs(self):
         return self.runtime.blobs()

@@ -76,6 +76,17 @@ def test_blobs_feed_fetch_and_what_is_missing(session):
         session.fetch_blob("nope", "c")
 
 
+def test_a_fed_blob_is_writable_by_the_nodes_ops(session):
+    # Ray passes numpy arguments as read-only views of its object store
+    session.feed_blob("count", np.array(0, dtype=np.int64), node="m")
+    with TaskGroup(WorkspaceType.GLOBAL) as group:
+        with Node("m"), Task():
+            ops.CountUp(["count"])
+    session.run(group)
+    session.run(group)
+    assert int(session.fetch_blob("count", "m")) == 2
+
+
 def boom(value):
     raise ValueError("boom")
 
