@@ -34,6 +34,7 @@ from .context import Managed
 from .errors import (CheckpointError, CheckpointWarning, NodeFailedError,
                      PlanError, RunTimeoutError, TaskFailedError)
 from .plan.net import BlobRef, Net
+from .plan.validate import check_seconds
 from .task import Task, TaskGroup, TaskOutput, WorkspaceType
 
 __all__ = ["Job", "JobRunner", "epoch_limiter", "EpochReport", "TrainResult"]
@@ -208,11 +209,7 @@ class JobRunner:
                 or max_restarts < 0:
             raise PlanError(f"max_restarts must be an int >= 0, got "
                             f"{max_restarts!r}")
-        if timeout is not None and (isinstance(timeout, bool) or
-                                    not isinstance(timeout, (int, float))
-                                    or timeout <= 0):
-            raise PlanError(f"timeout must be a positive number of seconds, "
-                            f"got {timeout!r}")
+        check_seconds(timeout, error=PlanError)
         if checkpoint_manager is None and (resume_from_epoch is not None or
                                            max_restarts):
             raise PlanError(

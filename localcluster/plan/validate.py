@@ -15,7 +15,8 @@ import numpy as np
 
 from ..errors import PlanError
 
-__all__ = ["queues_of", "check_cross_node_queues", "feedable"]
+__all__ = ["queues_of", "check_cross_node_queues", "feedable",
+           "check_seconds"]
 
 _QUEUE_ROLES = {"EnqueueRecord": "writes", "DequeueRecords": "reads"}
 
@@ -69,3 +70,13 @@ def feedable(name, value):
             f"feed_blob({name!r}): value must be numeric array-like, got "
             f"{type(value).__name__}")
     return array
+
+
+def check_seconds(value, what="timeout", error=ValueError):
+    """``error`` naming ``what`` unless ``value`` is None or a positive
+    number of seconds (not a bool)."""
+    if value is not None and (isinstance(value, bool) or
+                              not isinstance(value, (int, float)) or
+                              not value > 0):
+        raise error(f"{what} must be a positive number of seconds, got "
+                    f"{value!r}")

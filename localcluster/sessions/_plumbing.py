@@ -24,6 +24,7 @@ import threading
 import psutil
 
 from ..errors import PlanError
+from ..plan.validate import check_seconds
 
 __all__ = ["set_parent_death_signal", "reset_signal_handlers", "Output",
            "apply_node_options", "check_cpus", "check_arguments"]
@@ -176,8 +177,4 @@ def check_arguments(start_method, timeout, schedule):
         raise ValueError(
             f"start_method {start_method!r} is not available here; use one "
             f"of {multiprocessing.get_all_start_methods()}")
-    if timeout is not None and (isinstance(timeout, bool) or not
-                                isinstance(timeout, (int, float)) or
-                                timeout <= 0):
-        raise ValueError(f"timeout must be a positive number of seconds, "
-                         f"got {timeout!r}")
+    check_seconds(timeout)

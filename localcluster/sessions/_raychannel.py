@@ -109,8 +109,9 @@ class RayChannel:
     def put(self, record, cancelled=None, clock=REAL_TIME):
         if cancelled is not None and cancelled.is_set():
             self._cancelled()
-        status = ray.get(self._handle.put.remote(
-            tuple(np.array(f, copy=True) for f in record)))
+        # the call serializes the record at once: the writer's blobs may
+        # change after it
+        status = ray.get(self._handle.put.remote(tuple(record)))
         if status == "aborted":
             self._cancelled()
         return status == "ok"

@@ -20,10 +20,11 @@ import weakref
 
 from ..errors import PlanError, SessionClosedError
 from ..plan.builder import NetBuilder
-from ..plan.faults import as_fault_plan
+from ..plan.faults import Kill, as_fault_plan
 from ..plan.net import Net, plan_epoch
 from ..plan.node_plan import WorkspaceType, as_workspace_type
 from ..plan.step import ExecutionStep, to_execution_step
+from ..plan.validate import check_seconds
 from ..task import Task, TaskGroup
 
 __all__ = ["Session", "SessionState"]
@@ -149,11 +150,7 @@ class Session:
         unless ``is_open()`` turns False.
         """
         self._check_open()
-        if timeout is not None and (isinstance(timeout, bool) or
-                                    not isinstance(timeout, (int, float))
-                                    or timeout <= 0):
-            raise ValueError(
-                f"timeout must be a positive number of seconds, got {timeout!r}")
+        check_seconds(timeout)
         group = self.compile(runnable, workspace_type)
         plans, outputs = self._node_plans(group)
         with self._run_lock:
@@ -183,6 +180,13 @@ class Session:
                 self._fault_seen.add(index)
                 new.append(self.faults.record(index, when))
         return new
+
+    def _kill_fault_on(self, node):
+        """The `Kill` fault that fired on ``node`` (what a dead node's
+        error names), or None."""
+        killed = [f.fault for f in self._sync_faults()
+                  if f.node == node and isinstance(f.fault, Kill)]
+        return killed[-1] if killed else None
 
     def _node_done(self, node):
         """Sessions call this as each node of a run finishes."""

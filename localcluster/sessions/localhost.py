@@ -40,7 +40,6 @@ import weakref
 import numpy as np
 
 from ..errors import BlobNotFoundError, NodeFailedError, RunTimeoutError
-from ..plan.faults import Kill
 from ..plan.validate import feedable
 from ..runtime import shm
 from ..runtime.faults import faults_of_node, shared_book
@@ -180,10 +179,7 @@ class LocalHostScheduler(Session):
         handle.release()
 
     def _death(self, handle, during):
-        killed_by = [f.fault for f in self._sync_faults()
-                     if f.node == handle.name and isinstance(f.fault, Kill)]
-        error = handle.death_error(during, killed_by[-1] if killed_by
-                                   else None)
+        error = handle.death_error(during, self._kill_fault_on(handle.name))
         self._forget(handle)
         return error
 

@@ -50,7 +50,6 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "RaySession needs Ray: pip install 'localcluster[ray]'") from exc
 
 from ..errors import BlobNotFoundError, NodeFailedError, RunTimeoutError
-from ..plan.faults import Kill
 from ..plan.packing import unpack_plan
 from ..plan.validate import feedable
 from ..runtime.faults import NodeFaults, die_in_process, faults_of_node
@@ -235,9 +234,8 @@ class RaySession(Session):
         """The NodeFailedError of a dead actor; it is forgotten, so the
         next run starts a new, empty one."""
         self._nodes.pop(name, None)
-        killed_by = [f.fault for f in self._sync_faults()
-                     if f.node == name and isinstance(f.fault, Kill)]
-        why = f"{killed_by[-1]!r} fired; " if killed_by else ""
+        fault = self._kill_fault_on(name)
+        why = f"{fault!r} fired; " if fault is not None else ""
         return NodeFailedError(
             f"node {name!r} died (its Ray actor: {_reason(exc)}); {why}it "
             "restarts with an empty workspace on the next run", node=name)
