@@ -12,6 +12,7 @@ descriptor behind.
 
 import os
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -31,9 +32,75 @@ settings.register_profile(
 settings.load_profile(os.environ.get(
     "HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
+#: the Ray session's warm actors for the module running now (see ray_pool)
+RAY = {"pool": None}
+
+
+def _ray_session(*args, **kwargs):
+    from localcluster.sessions.ray import RaySession
+    assert RAY["pool"] is not None, "a ray test outside the ray_pool fixture"
+    return RaySession(*args, pool=RAY["pool"], **kwargs)
+
+
 #: name -> factory of every session kind the shared suite runs against
+#: (ray when the extra is installed: on one local Ray per test module,
+#: its node actors kept warm between the module's sessions)
 SESSION_KINDS = {k: v for k, v in session_kinds().items()
                  if k in ("local", "localhost")}
+if "ray" in session_kinds():
+    SESSION_KINDS["ray"] = _ray_session
+
+
+def pytest_collection_modifyitems(config, items):
+    """The ray leg of a test marked ``not_on_ray(reason)`` is not run (the
+    list of such tests is short: grep for the marker, each says why)."""
+    dropped = []
+    for item in items:
+        marker = item.get_closest_marker("not_on_ray")
+        if marker is None or "ray" not in _params(item).values():
+            continue
+        assert marker.kwargs.get("reason") or marker.args, \
+            f"{item.nodeid}: not_on_ray needs a reason"
+        dropped.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        gone = set(map(id, dropped))
+        items[:] = [item for item in items if id(item) not in gone]
+
+
+def _params(item):
+    return getattr(getattr(item, "callspec", None), "params", {})
+
+
+def _runs_ray(module, items):
+    """Whether any test of ``module`` is parametrised with the ray kind."""
+    return any(getattr(item, "module", None) is module and
+               "ray" in _params(item).values() for item in items)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_pool(request):
+    """One local Ray for a module with tests under the ray kind, and a
+    pool of warm node actors its sessions take and give back (starting an
+    actor takes most of a second); everything is gone after the module."""
+    if not _runs_ray(request.module, request.session.items):
+        yield None
+        return
+    import ray
+    from localcluster.sessions.ray import ActorPool, RaySession
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
+             log_to_driver=False)
+    try:
+        with ActorPool() as pool:
+            RAY["pool"] = pool
+            # the driver's connections to the cluster open on the first
+            # actor: made here, they are the module's, not a test's leak
+            with RaySession(pool=pool) as warm:
+                warm.feed_blob("x", np.ones(1), node="warm")
+            yield pool
+    finally:
+        RAY["pool"] = None
+        ray.shutdown()
 
 
 def child_processes():
@@ -100,5 +167,6 @@ def no_leaks():
     descriptors behind (the plugin's leak check, after every test)."""
     before = Snapshot()
     yield
-    found = leaks_since(before)
+    pool = RAY["pool"]
+    found = leaks_since(before, keep=pool.pids() if pool else ())
     assert not found, "left behind:\n  " + "\n  ".join(found)

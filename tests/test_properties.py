@@ -41,13 +41,13 @@ def assert_blobs(session, expected):
 @given(drawn=task_groups())
 def test_each_node_holds_what_the_model_puts_there_and_none_of_another_nodes(
         session_factory, drawn):
-    session = session_factory()
-    session.run(drawn.build())
-    assert_blobs(session, drawn.expected)
-    for node, blobs in drawn.expected.items():
-        others = {b for n, bs in drawn.expected.items() if n != node
-                  for b in bs} - set(blobs)
-        assert not others & set(session.blobs(node)), node
+    with session_factory() as session:   # one per example
+        session.run(drawn.build())
+        assert_blobs(session, drawn.expected)
+        for node, blobs in drawn.expected.items():
+            others = {b for n, bs in drawn.expected.items() if n != node
+                      for b in bs} - set(blobs)
+            assert not others & set(session.blobs(node)), node
 
 
 @settings(max_examples=10, deadline=None)
@@ -92,25 +92,27 @@ def build_persist(spec):
 @given(spec=persist_spec)
 def test_global_groups_keep_task_blobs_private_groups_and_instances_drop_them(
         session_factory, spec):
-    session = session_factory()
-    for node in NODES:
-        session.feed_blob("count", np.array(0, dtype=np.int64), node=node)
-    group = build_persist(spec)
-    for _ in range(spec["runs"]):
-        session.run(group)
-    for node in NODES:
-        mine = [(i, t) for i, t in enumerate(spec["tasks"])
-                if t["node"] == node]
-        count = sum(t["instances"] * t["iters"] * t["step"] for _, t in mine)
-        assert session.fetch_blob("count", node) == count * spec["runs"]
-        kept = {"count"}
-        if spec["workspace_type"] is WorkspaceType.GLOBAL:
-            kept |= {f"task_{i}" for i, _ in mine}
-            # one instance runs in the task's own workspace
-            kept |= {f"instance_{i}" for i, t in mine if t["instances"] == 1}
-        named = {b for b in session.blobs(node)
-                 if b == "count" or b.startswith(("task_", "instance_"))}
-        assert named == kept
+    with session_factory() as session:   # one per example
+        for node in NODES:
+            session.feed_blob("count", np.array(0, dtype=np.int64), node=node)
+        group = build_persist(spec)
+        for _ in range(spec["runs"]):
+            session.run(group)
+        for node in NODES:
+            mine = [(i, t) for i, t in enumerate(spec["tasks"])
+                    if t["node"] == node]
+            count = sum(t["instances"] * t["iters"] * t["step"]
+                        for _, t in mine)
+            assert session.fetch_blob("count", node) == count * spec["runs"]
+            kept = {"count"}
+            if spec["workspace_type"] is WorkspaceType.GLOBAL:
+                kept |= {f"task_{i}" for i, _ in mine}
+                # one instance runs in the task's own workspace
+                kept |= {f"instance_{i}" for i, t in mine
+                         if t["instances"] == 1}
+            named = {b for b in session.blobs(node)
+                     if b == "count" or b.startswith(("task_", "instance_"))}
+            assert named == kept
 
 
 # -- setup and exit nets: once per scope, in order ----------------------------
@@ -174,32 +176,32 @@ def setup_counters(spec):
 @given(spec=setup_spec)
 def test_setup_and_exit_nets_run_once_per_scope_in_order(session_factory,
                                                          spec):
-    session = session_factory()
-    for node, names in setup_counters(spec).items():
-        for name in names:
-            session.feed_blob(name, np.array(0, dtype=np.int64), node=node)
-    session.run(build_setup(spec))
+    with session_factory() as session:   # one per example
+        for node, names in setup_counters(spec).items():
+            for name in names:
+                session.feed_blob(name, np.array(0, dtype=np.int64), node=node)
+        session.run(build_setup(spec))
 
-    def value(name, node):
-        return int(session.fetch_blob(name, node))
+        def value(name, node):
+            return int(session.fetch_blob(name, node))
 
-    for node in {t["node"] for t in spec}:
-        assert value("n_local_init", node) == 1
-        assert value("n_local_exit", node) == 1
-    for i, t in enumerate(spec):
-        node, n = t["node"], t["instances"]
-        assert value(f"n_task_init_{i}", node) == 1
-        assert value(f"n_task_exit_{i}", node) == 1
-        assert value(f"n_instance_init_{i}", node) == n
-        assert value(f"n_instance_exit_{i}", node) == n
-        assert value(f"n_body_{i}", node) == n * t["iters"]
-        # order: local init < task init < instance inits < bodies <
-        # instance exits < task exit < local exit
-        assert value(f"local_init_before_task_init_{i}", node) == 1
-        assert value(f"task_init_before_instances_{i}", node) == n
-        assert value(f"body_before_task_exit_{i}", node) == n * t["iters"]
-        assert value(f"instance_exits_before_task_exit_{i}", node) == n
-        assert value(f"task_exit_{i}_before_local_exit", node) == 1
+        for node in {t["node"] for t in spec}:
+            assert value("n_local_init", node) == 1
+            assert value("n_local_exit", node) == 1
+        for i, t in enumerate(spec):
+            node, n = t["node"], t["instances"]
+            assert value(f"n_task_init_{i}", node) == 1
+            assert value(f"n_task_exit_{i}", node) == 1
+            assert value(f"n_instance_init_{i}", node) == n
+            assert value(f"n_instance_exit_{i}", node) == n
+            assert value(f"n_body_{i}", node) == n * t["iters"]
+            # order: local init < task init < instance inits < bodies <
+            # instance exits < task exit < local exit
+            assert value(f"local_init_before_task_init_{i}", node) == 1
+            assert value(f"task_init_before_instances_{i}", node) == n
+            assert value(f"body_before_task_exit_{i}", node) == n * t["iters"]
+            assert value(f"instance_exits_before_task_exit_{i}", node) == n
+            assert value(f"task_exit_{i}_before_local_exit", node) == 1
 
 
 # -- report steps: at least once, after their tasks ---------------------------
@@ -208,19 +210,19 @@ def test_setup_and_exit_nets_run_once_per_scope_in_order(session_factory,
 @given(iters=st.integers(0, 30), interval_ms=st.integers(1, 20))
 def test_a_reporter_runs_at_least_once_after_its_task_and_sees_its_end(
         session_factory, iters, interval_ms):
-    session = session_factory()
-    session.feed_blob("n", np.array(0, dtype=np.int64), node="r")
-    session.feed_blob("reports", np.array(0, dtype=np.int64), node="r")
-    with TaskGroup(WorkspaceType.GLOBAL) as group:
-        with Node("r"), Task():
-            with ops.loop(iters):
-                ops.CountUp(["n"])
-            with ops.task_reporter(interval_ms=interval_ms):
-                ops.Copy(["n"], ["reported"])
-                ops.CountUp(["reports"])
-    session.run(group)
-    assert int(session.fetch_blob("reports", "r")) >= 1
-    assert int(session.fetch_blob("reported", "r")) == iters
+    with session_factory() as session:   # one per example
+        session.feed_blob("n", np.array(0, dtype=np.int64), node="r")
+        session.feed_blob("reports", np.array(0, dtype=np.int64), node="r")
+        with TaskGroup(WorkspaceType.GLOBAL) as group:
+            with Node("r"), Task():
+                with ops.loop(iters):
+                    ops.CountUp(["n"])
+                with ops.task_reporter(interval_ms=interval_ms):
+                    ops.Copy(["n"], ["reported"])
+                    ops.CountUp(["reports"])
+        session.run(group)
+        assert int(session.fetch_blob("reports", "r")) >= 1
+        assert int(session.fetch_blob("reported", "r")) == iters
 
 
 # -- jobs: stop conditions, sessions, resume, restarts ------------------------

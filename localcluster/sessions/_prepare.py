@@ -20,7 +20,7 @@ from ..runtime.host import PLAN_CACHE
 from ..runtime.shm_channel import ChannelParts
 from . import _protocol as P
 
-__all__ = ["Prepared", "QueueChannels"]
+__all__ = ["Prepared", "QueueChannels", "must_send", "run_message"]
 
 
 class Prepared:
@@ -53,13 +53,21 @@ def run_message(handle, rid, prepared, channels, options):
     """The RUN request for ``handle``: the plan's bytes only if the node
     does not keep it already."""
     plan_id, payload, _ = prepared
-    if plan_id in handle.plans:
+    if not must_send(handle.plans, plan_id):
         payload = None
-    else:
-        handle.plans[plan_id] = True
-        if len(handle.plans) > PLAN_CACHE:
-            handle.plans.popitem(last=False)
     return (P.RUN, rid, plan_id, payload, channels, options)
+
+
+def must_send(kept, plan_id):
+    """Whether a node must be sent plan ``plan_id``, noting in ``kept``
+    (an OrderedDict mirroring the node's plan cache: first in, first out,
+    PLAN_CACHE of them) that it will keep it."""
+    if plan_id in kept:
+        return False
+    kept[plan_id] = True
+    if len(kept) > PLAN_CACHE:
+        kept.popitem(last=False)
+    return True
 
 
 class QueueChannels:

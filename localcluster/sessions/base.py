@@ -25,7 +25,7 @@ from ..plan.net import Net, plan_epoch
 from ..plan.node_plan import WorkspaceType, as_workspace_type
 from ..plan.step import ExecutionStep, to_execution_step
 from ..plan.validate import check_seconds
-from ..task import Task, TaskGroup
+from ..task import Cluster, Task, TaskGroup
 
 __all__ = ["Session", "SessionState"]
 
@@ -208,6 +208,20 @@ class Session:
     def _run_plans(self, plans, timeout):
         """Run the plans concurrently; return ``{node: {blob: value}}``."""
         raise NotImplementedError
+
+    def _nodes_wanted(self, nodes):
+        """``{name: Node options}`` of ``nodes`` (names, or a Cluster;
+        None: ``Cluster.current()``'s), for a session that starts nodes
+        ahead of a run."""
+        self._check_open()
+        if nodes is None or isinstance(nodes, Cluster):
+            cluster = nodes or Cluster.current()
+            kwargs = cluster.node_kwargs()
+            names = cluster.nodes()
+        else:
+            names = [str(n) for n in nodes]
+            kwargs = Cluster.current().node_kwargs()
+        return {n: kwargs.get(n, {}) for n in names}
 
     # -- blobs ----------------------------------------------------------------------
 

@@ -121,15 +121,7 @@ class LocalHostScheduler(Session):
 
     def start_nodes(self, nodes=None):
         """Start the given nodes now (default: ``Cluster.current()``'s)."""
-        self._check_open()
-        if nodes is None or isinstance(nodes, Cluster):
-            cluster = nodes or Cluster.current()
-            kwargs = cluster.node_kwargs()
-            names = cluster.nodes()
-        else:
-            names = [str(n) for n in nodes]
-            kwargs = Cluster.current().node_kwargs()
-        self._ensure({n: kwargs.get(n, {}) for n in names})
+        self._ensure(self._nodes_wanted(nodes))
 
     def node_pids(self):
         """``{node: pid}`` of the running node processes."""

@@ -34,6 +34,7 @@ actor asks before it fires a fault; a `Kill` ends the actor's process.
 Not yet: traces from the actors.
 """
 
+import collections
 import itertools
 import logging
 import os
@@ -50,17 +51,19 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "RaySession needs Ray: pip install 'localcluster[ray]'") from exc
 
 from ..errors import BlobNotFoundError, NodeFailedError, RunTimeoutError
+from ..plan.faults import EXIT_STATUS
 from ..plan.packing import unpack_plan
 from ..plan.validate import feedable
 from ..runtime.faults import NodeFaults, die_in_process, faults_of_node
 from ..runtime.host import NodeRuntime
 from . import _protocol as P
 from . import driver
-from ._prepare import Prepared
+from ._prepare import Prepared, must_send
+from ._raypool import ActorPool
 from ._raychannel import ChannelActor, actor_channels
 from .base import Session
 
-__all__ = ["RaySession"]
+__all__ = ["RaySession", "ActorPool", "connect"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,17 @@ class _NodeActor:
     Its methods answer with plain data; errors travel as `error_info`."""
 
     def __init__(self, name, faults=None, book=None):
+        self.runtime = None
+        self.reset(name, faults, book)
+
+    def __repr__(self):
+        return self.name   # Ray prefixes the actor's output with it
+
+    def reset(self, name, faults=None, book=None):
+        """Become node ``name`` with an empty workspace and no plans (an
+        actor taken from a pool); the process's pid."""
+        if self.runtime is not None:
+            self.runtime.close()
         self.name = name
         node_faults = None
         if faults:   # a Kill ends this actor's process for real
@@ -82,9 +96,8 @@ class _NodeActor:
                                      die_in_process)
         self.runtime = NodeRuntime(name, channel_factory=actor_channels,
                                    faults=node_faults)
-
-    def __repr__(self):
-        return self.name   # Ray prefixes the actor's output with it
+        _announce_name(name)
+        return os.getpid()
 
     def pid(self):
         return os.getpid()
@@ -129,7 +142,11 @@ class _BookActor:
     fault fired (0: not yet)."""
 
     def __init__(self, size):
+        self.reset(size)
+
+    def reset(self, size):
         self.times = [0.0] * size
+        return os.getpid()
 
     def take(self, index):
         if self.times[index]:
@@ -154,10 +171,11 @@ class _RemoteBook:
 class _Node:
     """The driver's handle of one node's actor."""
 
-    def __init__(self, name, actor):
+    def __init__(self, name, actor, key):
         self.name = name
         self.actor = actor
-        self.plans = set()       # plan ids the actor keeps
+        self.key = key           # its actor options, as a pool keeps it
+        self.plans = collections.OrderedDict()   # mirrors its plan cache
         self.pid = None
 
 
@@ -166,20 +184,15 @@ class RaySession(Session):
 
     ``address``: a Ray cluster to connect to (None: a local instance, or
     the Ray this process already initialised); ``namespace``: Ray's;
-    further keyword arguments go to ``ray.init``."""
+    ``pool``: an `ActorPool` to take warm actors from and give them back
+    to at `close()` (None: actors are started here and killed at
+    `close()`); further keyword arguments go to ``ray.init``."""
 
-    def __init__(self, address=None, namespace=None, faults=None,
+    def __init__(self, address=None, namespace=None, faults=None, pool=None,
                  **ray_init_kwargs):
         super().__init__(faults=faults)
-        self._owns_ray = False
-        if not ray.is_initialized():
-            kwargs = {"include_dashboard": False, "log_to_driver": True,
-                      "configure_logging": False}
-            if address is None:
-                kwargs["num_cpus"] = os.cpu_count()
-            kwargs.update(ray_init_kwargs)
-            ray.init(address=address, namespace=namespace, **kwargs)
-            self._owns_ray = address is None
+        self._pool = pool
+        self._owns_ray = connect(address, namespace, **ray_init_kwargs)
         self._actor_class = ray.remote(max_concurrency=2,
                                        max_restarts=0)(_NodeActor)
         self._channel_class = ray.remote(max_restarts=0)(ChannelActor)
@@ -191,12 +204,34 @@ class RaySession(Session):
         self._prepared = Prepared(_dumps_by_value)
         self._book = None
         if self.faults is not None:
-            self._book = ray.remote(_BookActor).options(num_cpus=0).remote(
-                len(self.faults))
+            self._book = self._pooled("book", len(self.faults))
+            if self._book is None:
+                self._book = ray.remote(_BookActor).options(
+                    num_cpus=0).remote(len(self.faults))
+
+    def _pooled(self, kind, *reset_args):
+        """A warm actor of ``kind`` from the pool, reset with
+        ``reset_args`` (None if the pool has none alive)."""
+        while self._pool is not None:
+            taken = self._pool.take(kind, ())
+            if taken is None:
+                return None
+            try:
+                ray.get(taken[0].reset.remote(*reset_args),
+                        timeout=REQUEST_TIMEOUT)
+                return taken[0]
+            except Exception:  # noqa: BLE001 - died idle: take another
+                log.debug("a pooled %s actor is gone", kind, exc_info=True)
+        return None
 
     def __repr__(self):
         return f"RaySession(nodes={sorted(self._nodes)}, " \
                f"{self._state.value})"
+
+    def start_nodes(self, nodes=None):
+        """Start the given nodes' actors now (default:
+        ``Cluster.current()``'s), all at once."""
+        self._ensure(self._nodes_wanted(nodes))
 
     def node_pids(self):
         """``{node: pid}`` of each node's actor process."""
@@ -207,28 +242,48 @@ class RaySession(Session):
     def _ensure(self, wanted):
         """The `_Node` of each of ``{name: Node options}``, starting the
         actors that are missing (all at once) and waiting until they run."""
-        started = []
+        started = {}
         for name, kwargs in wanted.items():
             if name not in self._nodes:
-                actor = self._actor_class.options(
-                    **_actor_options(kwargs or {})).remote(
-                        name, faults_of_node(self.faults, name), self._book)
-                started.append(self._nodes.setdefault(name,
-                                                      _Node(name, actor)))
-        if started:
+                started[name] = self._start(name, _actor_options(kwargs or {}))
+        for name, (node, ref) in started.items():
             try:
-                pids = ray.get([n.actor.pid.remote() for n in started],
-                               timeout=REQUEST_TIMEOUT)
+                node.pid = ray.get(ref, timeout=REQUEST_TIMEOUT)
             except ray.exceptions.RayActorError as exc:
-                for node in started:
-                    self._nodes.pop(node.name, None)
+                for other, _ in started.values():
+                    if other.pid is not None:
+                        self._nodes[other.name] = other
+                    else:
+                        _kill(other.actor)
                 raise NodeFailedError(
-                    f"node(s) {[n.name for n in started]} could not start "
-                    f"as Ray actors: {_reason(exc)}; check their Node(...) "
-                    "options", node=started[0].name) from exc
-            for node, pid in zip(started, pids):
-                node.pid = pid
+                    f"node {name!r} could not start as a Ray actor: "
+                    f"{_reason(exc)}; check its Node(...) options",
+                    node=name) from exc
+        for name, (node, _) in started.items():
+            self._nodes[name] = node
         return [self._nodes[name] for name in wanted]
+
+    def _start(self, name, options):
+        """``(_Node, ref of its pid)`` of node ``name``: a pooled actor
+        reset for it (one that died idle is passed over), or a new one."""
+        key = _options_key(options)
+        faults = faults_of_node(self.faults, name)
+        while self._pool is not None:
+            taken = self._pool.take("node", key)
+            if taken is None:
+                break
+            actor = taken[0]
+            ref = actor.reset.remote(name, faults, self._book)
+            ready, _ = ray.wait([ref], timeout=REQUEST_TIMEOUT)
+            try:
+                ray.get(ready or ref, timeout=0)
+            except Exception:  # noqa: BLE001 - died idle: take another
+                log.debug("a pooled node actor is gone", exc_info=True)
+                continue
+            return _Node(name, actor, key), ref
+        actor = self._actor_class.options(**options).remote(
+            name, faults, self._book)
+        return _Node(name, actor, key), actor.pid.remote()
 
     def _died(self, name, exc):
         """The NodeFailedError of a dead actor; it is forgotten, so the
@@ -236,9 +291,15 @@ class RaySession(Session):
         self._nodes.pop(name, None)
         fault = self._kill_fault_on(name)
         why = f"{fault!r} fired; " if fault is not None else ""
+        # Ray does not say how a process ended; a Kill fault that fired does
+        exitcode = signal_name = None
+        if fault is not None:
+            signal_name = "SIGKILL" if fault.how == "sigkill" else None
+            exitcode = EXIT_STATUS if fault.how == "exit" else None
         return NodeFailedError(
             f"node {name!r} died (its Ray actor: {_reason(exc)}); {why}it "
-            "restarts with an empty workspace on the next run", node=name)
+            "restarts with an empty workspace on the next run", node=name,
+            exitcode=exitcode, signal_name=signal_name)
 
     def _sync_faults(self):
         if self._book is not None:
@@ -252,19 +313,41 @@ class RaySession(Session):
                 self._sync_faults()
             except Exception:  # noqa: BLE001 - Ray gone: nothing to read
                 log.debug("fault book unreadable at close", exc_info=True)
+        if self._pool is not None:
+            self._give_back()
         for actor in [n.actor for n in self._nodes.values()] + \
                 list(self._queue_actors.values()) + \
                 ([self._book] if self._book is not None else []):
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - dead already
-                pass
+            _kill(actor)
+        self._book = None
         self._nodes.clear()
         self._queue_actors.clear()
         if self._owns_ray:
             ray.shutdown()
 
-    # -- running ----------------------------------------------------------------
+    def _give_back(self):
+        """Hand every live node actor (and the fault book) back to the
+        pool, its workspace dropped -- waited for: an actor's two
+        threads may run a later session's reset first."""
+        nodes = list(self._nodes.values())
+        refs = [n.actor.reset.remote(f"idle ({n.name})") for n in nodes]
+        for node, ref in zip(nodes, refs):
+            try:
+                ray.get(ref, timeout=REQUEST_TIMEOUT)
+            except Exception:  # noqa: BLE001 - dead or stuck: not kept
+                continue
+            self._pool.give("node", node.key, node.actor, node.pid)
+            self._nodes.pop(node.name)
+        if self._book is not None:
+            try:   # a pool knows its actors' pids
+                pid = ray.get(self._book.reset.remote(0),
+                              timeout=REQUEST_TIMEOUT)
+            except Exception:  # noqa: BLE001 - dead or stuck: not kept
+                return
+            self._pool.give("book", (), self._book, pid)
+            self._book = None
+
+    # -- running --------------------------------------------------------------
 
     def _run_plans(self, plans, timeout):
         prepared, shared = self._prepared(plans)
@@ -274,8 +357,7 @@ class RaySession(Session):
         refs = {}
         for plan, node in zip(plans, nodes):
             plan_id, payload, _ = prepared[plan.node]
-            send = None if plan_id in node.plans else payload
-            node.plans.add(plan_id)
+            send = payload if must_send(node.plans, plan_id) else None
             ref = node.actor.run.remote(rid, plan_id, send, self.trace_steps,
                                         self.current_epoch, channels)
             refs[ref] = plan.node
@@ -301,7 +383,7 @@ class RaySession(Session):
                     timeout=REQUEST_TIMEOUT)
         return channels
 
-    # -- blobs ------------------------------------------------------------------
+    # -- blobs ----------------------------------------------------------------
 
     def _call(self, name, method, *args):
         node = self._nodes.get(str(name))
@@ -340,6 +422,22 @@ class RaySession(Session):
     def has_blob(self, name, node="local"):
         self._check_open()
         return bool(self._call(node, "has", str(name)))
+
+
+def connect(address=None, namespace=None, **ray_init_kwargs):
+    """Initialise Ray in this process unless it is: connect to
+    ``address``, or with None start a local instance sized to this
+    machine.  True if that started a local instance (its starter shuts
+    it down)."""
+    if ray.is_initialized():
+        return False
+    kwargs = {"include_dashboard": False, "log_to_driver": True,
+              "configure_logging": False}
+    if address is None:
+        kwargs["num_cpus"] = os.cpu_count()
+    kwargs.update(ray_init_kwargs)
+    ray.init(address=address, namespace=namespace, **kwargs)
+    return address is None
 
 
 class _RayRunIO(driver.RunIO):
@@ -437,6 +535,29 @@ def _actor_options(kwargs):
         options["runtime_env"] = {"env_vars": {
             str(k): str(v) for k, v in kwargs["env"].items()}}
     return options
+
+
+def _options_key(options):
+    """A hashable key of actor options (a pool keeps actors by it)."""
+    return repr(sorted(options.items()))
+
+
+def _kill(actor):
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - dead already
+        pass
+
+
+def _announce_name(name):
+    """Tell Ray's log monitor this actor's output is now ``name``'s (the
+    line Ray itself writes when an actor starts; it prefixes the
+    actor's later lines with the name)."""
+    marker = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    marker = getattr(marker, "LOG_PREFIX_ACTOR_NAME", None)
+    if marker:
+        for stream in (sys.stdout, sys.stderr):
+            print(marker + name, file=stream, flush=True)
 
 
 def _reason(exc):

@@ -30,6 +30,7 @@ Enumerating, not drawing at random, keeps a check deterministic: the same
 job gives the same verdict on every machine and in every CI run.
 """
 
+import importlib.util
 import inspect
 import itertools
 import os
@@ -50,8 +51,16 @@ __all__ = ["check_job", "sessions_agree", "resume_equals_uninterrupted",
            "restart_recovers", "schedule_independent", "ALL_CHECKS",
            "JobCheckFailed", "SESSION_KINDS"]
 
-#: session kind -> factory of a session taking ``faults=``
+def _ray_session(**kwargs):
+    from ..sessions.ray import RaySession
+    return RaySession(**kwargs)
+
+
+#: session kind -> factory of a session taking ``faults=`` (ray: when
+#: the extra is installed; a check's Ray sessions share warm actors)
 SESSION_KINDS = {"local": LocalSession, "localhost": LocalHostScheduler}
+if importlib.util.find_spec("ray") is not None:
+    SESSION_KINDS["ray"] = _ray_session
 
 
 class JobCheckFailed(AssertionError):
@@ -161,25 +170,41 @@ def _replay(check, build, **kwargs):
             f"{', '.join(dict.fromkeys(names))}; {check}({target}{args})")
 
 
-def _session(kind, **kwargs):
-    try:
-        factory = SESSION_KINDS[kind]
-    except KeyError:
-        raise ValueError(f"unknown session kind {kind!r}; known: "
-                         f"{sorted(SESSION_KINDS)}") from None
-    return factory(**kwargs)
-
-
 class _Scratch:
-    """A temporary directory for checkpoints, removed afterwards."""
+    """What one check uses and ends with it: a temporary directory for
+    checkpoints, and -- for ray sessions -- Ray (started here unless it
+    runs already) with a pool of warm actors the check's sessions share
+    (starting an actor takes most of a second)."""
 
     def __enter__(self):
         self.path = tempfile.mkdtemp(prefix="localcluster-check-")
         self._made = itertools.count()
+        self._ray = None
         return self
 
     def __exit__(self, *exc):
+        if self._ray is not None:
+            pool, owned = self._ray
+            pool.close()
+            if owned:
+                import ray
+                ray.shutdown()
         shutil.rmtree(self.path, ignore_errors=True)
+
+    def session(self, kind, **kwargs):
+        """A new session of ``kind``."""
+        try:
+            factory = SESSION_KINDS[kind]
+        except KeyError:
+            raise ValueError(f"unknown session kind {kind!r}; known: "
+                             f"{sorted(SESSION_KINDS)}") from None
+        if kind == "ray":
+            if self._ray is None:
+                from ..sessions.ray import ActorPool, connect
+                owned = connect()
+                self._ray = (ActorPool(), owned)
+            kwargs["pool"] = self._ray[0]
+        return factory(**kwargs)
 
     def sub(self, label):
         """A new directory name under the scratch directory."""
@@ -190,7 +215,7 @@ def _reference(build, scratch, kind, **kw):
     """``(final blobs, last epoch, options, checkpoint dir)`` of an
     uninterrupted run under ``kind``."""
     directory = scratch.sub(f"reference-{kind}")
-    with _session(kind) as session:
+    with scratch.session(kind) as session:
         return _train(build, session, directory, **kw) + (directory,)
 
 
@@ -202,7 +227,7 @@ def sessions_agree(build, *, sessions=("local", "localhost"),
     with _Scratch() as scratch:
         first = None
         for kind in sessions:
-            with _session(kind) as session:
+            with scratch.session(kind) as session:
                 final, _, options = _train(build, session, scratch.sub(kind),
                                            max_epochs=max_epochs,
                                            timeout=timeout)
@@ -231,7 +256,7 @@ def resume_equals_uninterrupted(build, *, sessions=("local",), epochs=None,
                           else sorted(epochs)):
                 copy = scratch.sub(f"resume-{kind}-{epoch}")
                 shutil.copytree(source, copy)
-                with _session(kind) as session:
+                with scratch.session(kind) as session:
                     final, _, _ = _train(build, session, copy, resume=epoch,
                                          max_epochs=max_epochs,
                                          timeout=timeout)
@@ -280,7 +305,7 @@ def _restart_case(build, kind, fault, expected, options, scratch,
             _replay("restart_recovers", build, sessions=(kind,),
                     faults=[fault], max_epochs=max_epochs))
 
-    with _session(kind, faults=FaultPlan(fault)) as session:
+    with scratch.session(kind, faults=FaultPlan(fault)) as session:
         final, _, _ = _train(build, session, scratch.sub("restart"),
                              max_epochs=max_epochs, timeout=timeout,
                              max_restarts=1)
@@ -288,7 +313,7 @@ def _restart_case(build, kind, fault, expected, options, scratch,
     if diff:
         fail(f"after {fault!r} and a restart the job ends differently: "
              f"{diff}")
-    with _session(kind, faults=FaultPlan(fault)) as session:
+    with scratch.session(kind, faults=FaultPlan(fault)) as session:
         try:
             _train(build, session, scratch.sub("no-restart"),
                    max_epochs=max_epochs, timeout=timeout)

@@ -234,13 +234,15 @@ class _Alarm:
 # -- leaks --------------------------------------------------------------------
 
 def _helper(proc):
-    """multiprocessing's own helpers live as long as this process."""
+    """multiprocessing's own helpers live as long as this process, and
+    Ray keeps idle workers of its own while it runs."""
     try:
         cmdline = " ".join(proc.cmdline())
     except psutil.Error:
         return True
     return ("multiprocessing.forkserver" in cmdline or
-            "multiprocessing.resource_tracker" in cmdline)
+            "multiprocessing.resource_tracker" in cmdline or
+            cmdline.startswith("ray::IDLE"))
 
 
 def live_children():
@@ -349,12 +351,13 @@ class Snapshot:
         self.fds = _fds()
 
 
-def leaks_since(before):
+def leaks_since(before, keep=()):
     """Lines naming each child process, segment and descriptor made since
-    ``before`` (a `Snapshot`) and still there; the processes are killed
-    and the segments unlinked once named."""
+    ``before`` (a `Snapshot`) and still there, but the processes in
+    ``keep`` (pids: warm actors a pool keeps, say); the processes are
+    killed and the segments unlinked once named."""
     children = {pid: p for pid, p in _children().items()
-                if pid not in before.children}
+                if pid not in before.children and pid not in keep}
     children = _still_running(children, EXIT_GRACE)
     found = []
     for pid, proc in sorted(children.items()):

@@ -302,6 +302,9 @@ def test_shape_and_size(session):
 
 # -- Print --------------------------------------------------------------------
 
+@pytest.mark.not_on_ray(reason="a Ray actor's output reaches the driver "
+                        "through Ray's log monitor, not the descriptors it "
+                        "inherits (test_ray.py checks the node's lines)")
 def test_print_writes_name_and_value_to_stdout(session, capfd):
     # capfd, not capsys: under a multi-process session the node prints from
     # its own process, through the inherited file descriptor.

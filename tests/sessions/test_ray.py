@@ -19,7 +19,7 @@ from localcluster import (Job, JobRunner, MultiNodeCheckpointManager, Node,  # n
                           Task, TaskFailedError, TaskGroup, WorkspaceType,
                           epoch_limiter, final_output, ops)
 from localcluster.errors import BlobNotFoundError  # noqa: E402
-from localcluster.sessions.ray import RaySession  # noqa: E402
+from localcluster.sessions.ray import ActorPool, RaySession  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -243,14 +243,106 @@ def test_close_leaves_no_actor_process(ray_instance):
     session.run(group)
     pids = list(session.node_pids().values())
     session.close()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(
-            psutil.pid_exists(p) and psutil.Process(p).status() !=
-            psutil.STATUS_ZOMBIE for p in pids):
-        time.sleep(0.1)
-    assert not [p for p in pids if psutil.pid_exists(p) and
-                psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not wait_gone(pids)
     assert ray.is_initialized()   # a Ray it did not start stays up
+
+
+def alive(pids):
+    return [p for p in pids if psutil.pid_exists(p) and
+            psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def wait_gone(pids, seconds=20):
+    deadline = time.monotonic() + seconds
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive(pids)
+
+
+def test_a_pool_gives_a_closed_sessions_actors_to_the_next_reset(
+        ray_instance):
+    with ActorPool() as pool:
+        with RaySession(pool=pool) as first:
+            first.feed_blob("kept", np.ones(2), node="a")
+            pid = first.node_pids()["a"]
+        assert len(pool) == 1 and pool.pids() == {pid}
+        with RaySession(pool=pool) as second:
+            with TaskGroup() as group:
+                with Node("b"), Task():
+                    ops.Python(boom)([ops.Const(np.ones(1))], [])
+            with pytest.raises(TaskFailedError, match="node 'b'") as caught:
+                second.run(group)
+            # the same process, now node b, with nothing of node a's
+            assert second.node_pids() == {"b": pid}
+            assert caught.value.node == "b"
+            assert second.blobs("b") == []
+        assert len(pool) == 1
+    assert not wait_gone([pid])          # closing the pool kills it
+
+
+def test_a_pooled_actor_that_died_idle_is_replaced(ray_instance):
+    with ActorPool() as pool:
+        with RaySession(pool=pool) as first:
+            first.feed_blob("x", np.ones(1), node="a")
+            pid = first.node_pids()["a"]
+        os.kill(pid, signal.SIGKILL)
+        assert not wait_gone([pid])
+        with RaySession(pool=pool) as second:
+            second.feed_blob("x", np.arange(2), node="a")
+            assert second.fetch_blob("x", "a").tolist() == [0, 1]
+            assert second.node_pids()["a"] != pid
+
+
+def agreeing_job():
+    with Job() as job:
+        with Node("a"):
+            with job.init_group, Task():
+                ops.Const(np.arange(3.0), name="w")
+            with Task():
+                ops.Scale(["w"], ["w"], scale=2.0)
+            epoch_limiter(job, 2)
+    return job
+
+
+def test_the_job_checks_take_the_ray_kind(ray_instance):
+    from localcluster.testing import restart_recovers, sessions_agree
+    sessions_agree(agreeing_job, sessions=("local", "ray"))
+    restart_recovers(agreeing_job, sessions=("ray",), max_examples=1)
+
+
+def test_a_session_that_started_ray_leaves_nothing_at_close(tmp_path):
+    # in a process of its own: this module's Ray is up in this one
+    code = """if True:
+        import os, sys, time, numpy as np, psutil, ray
+        from localcluster.sessions.ray import RaySession
+        from localcluster import Node, Task, TaskGroup, ops
+        session = RaySession(num_cpus=1)
+        with TaskGroup() as group:
+            for name in ("a", "b"):
+                with Node(name), Task():
+                    ops.Const(np.ones(4), name="x")
+        session.run(group)
+        started = [p.pid for p in psutil.Process().children(recursive=True)]
+        assert set(session.node_pids().values()) <= set(started)
+        session.close()
+        assert not ray.is_initialized()
+        deadline = time.monotonic() + 30
+        left = started
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = [p for p in left if psutil.pid_exists(p) and
+                    psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        print("left", left, len(started))
+        print("shm", [n for n in os.listdir("/dev/shm")
+                      if n.startswith(f"lc_{os.getpid()}_")])
+        """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    left = next(line for line in lines if line.startswith("left"))
+    assert left.startswith("left [] ") and not left.endswith(" 0"), left
+    assert "shm []" in lines
 
 
 def test_the_import_error_names_the_extra():

@@ -91,7 +91,7 @@ def test_a_kill_at_an_epoch_is_a_node_failure_restarts_recover(
         session_factory, tmp_path, how, status):
     plan = FaultPlan(Kill("b", at=Epoch(2), how=how))
     session = session_factory(faults=plan)
-    if session_factory.kind == "localhost":
+    if session_factory.kind in ("localhost", "ray"):
         session.start_nodes(list(NODES))
     pids = session.node_pids()
     runner, final = train(session, tmp_path, max_restarts=1)
@@ -100,7 +100,7 @@ def test_a_kill_at_an_epoch_is_a_node_failure_restarts_recover(
     [fired] = plan.fired()
     assert (fired.fault, fired.node) == (plan.faults[0], "b")
     assert abs(fired.time - time.time()) < 60
-    if session_factory.kind == "localhost":
+    if session_factory.kind in ("localhost", "ray"):
         # the node process really died and a new one took its place
         assert session.node_pids()["b"] != pids["b"]
         assert session.node_pids()["a"] == pids["a"]
