@@ -61,7 +61,7 @@ class Cluster(DefaultManaged):
         return list(self._nodes)
 
     def node_kwargs(self):
-        """``{node name: kwargs}`` (cpus, memory_limit, env)."""
+        """``{node name: kwargs}`` (see `NODE_OPTIONS`)."""
         return {k: dict(v) for k, v in self._node_kwargs.items()}
 
     def __repr__(self):

@@ -84,6 +84,17 @@ def test_node_kwargs_of_a_node_declared_twice_are_merged():
     assert kwargs["b"] == {}
 
 
+def test_engine_options_are_kept_and_sessions_here_run_with_them(local):
+    # where an engine's scheduler puts a node: one place on this machine
+    with Cluster() as cluster, TaskGroup() as group:
+        with Node("a", resources={"GPU": 1, "CPU": 0.5},
+                  placement={"zone": "a"}), Task():
+            ops.Const(1.0, name="x")
+    assert cluster.node_kwargs()["a"] == {
+        "resources": {"GPU": 1, "CPU": 0.5}, "placement": {"zone": "a"}}
+    local().run(group)
+
+
 @pytest.mark.parametrize("kwargs, option", [
     ({"cpus": "0,1"}, "cpus"),
     ({"cpus": [0.5]}, "cpus"),
@@ -96,6 +107,12 @@ def test_node_kwargs_of_a_node_declared_twice_are_merged():
     ({"env": {"A": 1}}, "env"),
     ({"env": {1: "A"}}, "env"),
     ({"gpus": [0]}, "gpus"),
+    ({"resources": "GPU"}, "resources"),
+    ({"resources": {"GPU": -1}}, "resources"),
+    ({"resources": {"GPU": True}}, "resources"),
+    ({"placement": ""}, "placement"),
+    ({"placement": {"zone": 1}}, "placement"),
+    ({"placement": ["a"]}, "placement"),
 ])
 def test_bad_node_option_is_a_plan_error_naming_it(kwargs, option):
     with Cluster():

@@ -15,7 +15,7 @@ __all__ = ["WorkspaceType", "NodePlan", "as_workspace_type",
            "NODE_OPTIONS", "check_node_name", "check_node_options"]
 
 #: the options a node may carry (NodePlan.node_kwargs)
-NODE_OPTIONS = ("cpus", "memory_limit", "env")
+NODE_OPTIONS = ("cpus", "memory_limit", "env", "resources", "placement")
 
 
 class WorkspaceType(enum.Enum):
@@ -77,6 +77,31 @@ def check_node_options(name, kwargs):
             isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
         raise PlanError(
             f"Node({name!r}): env must be a dict of str to str, got {env!r}")
+    _check_engine_options(name, kwargs)
+
+
+def _check_engine_options(name, kwargs):
+    """``resources`` and ``placement`` say where an engine's scheduler
+    (RaySession) puts the node; the sessions on this machine have one
+    place and ignore them."""
+    resources = kwargs.get("resources")
+    if resources is not None and (not isinstance(resources, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, (int, float)) and
+            not isinstance(v, bool) and v >= 0
+            for k, v in resources.items())):
+        raise PlanError(
+            f"Node({name!r}): resources must be a dict of resource name to "
+            f"an amount >= 0, such as {{'GPU': 1}}, got {resources!r}")
+    placement = kwargs.get("placement")
+    if placement is not None and not (
+            (isinstance(placement, str) and placement) or
+            (isinstance(placement, dict) and placement and all(
+                isinstance(k, str) and isinstance(v, str)
+                for k, v in placement.items()))):
+        raise PlanError(
+            f"Node({name!r}): placement must be a Ray node id or a dict of "
+            f"node labels to values, such as {{'zone': 'a'}}, got "
+            f"{placement!r}")
 
 
 class NodePlan:
@@ -90,7 +115,7 @@ class NodePlan:
         self.step = step
         self.workspace_type = workspace_type
         self.outputs = tuple(outputs)
-        self.node_kwargs = dict(node_kwargs or {})  # cpus, memory_limit, env
+        self.node_kwargs = dict(node_kwargs or {})  # see NODE_OPTIONS
 
     def __getstate__(self):
         return (self.node, self.step, self.workspace_type, self.outputs,

@@ -3,7 +3,7 @@
 ::
 
     RaySession (driver)                        Ray actor per node
-      run(group)                               _NodeActor (max_concurrency=2)
+      run(group)                               NodeActor (max_concurrency=2)
         plans packed once (_prepare.Prepared)    runtime: NodeRuntime
         load.remote(plan id, bytes) once ------>   load(): unpack, keep
         run.remote(rid, plan id, ...) --------->   run(): NodeRuntime.run
@@ -31,15 +31,16 @@ process is restarted -- so ``JobRunner(max_restarts=...)`` recovers.
 Queues between nodes go through a channel actor per queue
 (`_raychannel`).  A fault plan's book is a small actor every node
 actor asks before it fires a fault; a `Kill` ends the actor's process.
-Not yet: traces from the actors.
+The actors are in `_rayactors`; Node options become actor options in
+`_rayoptions`, which also refuses a node no Ray node can hold.  With an
+`ActorPool` (`_raypool`) a session takes warm actors and gives them back,
+reset, at `close()`.
 """
 
 import collections
 import itertools
 import logging
 import os
-import sys
-import sysconfig
 import time
 
 import numpy as np
@@ -52,15 +53,16 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 
 from ..errors import BlobNotFoundError, NodeFailedError, RunTimeoutError
 from ..plan.faults import EXIT_STATUS
-from ..plan.packing import unpack_plan
 from ..plan.validate import feedable
-from ..runtime.faults import NodeFaults, die_in_process, faults_of_node
-from ..runtime.host import NodeRuntime
+from ..runtime.faults import faults_of_node
 from . import _protocol as P
 from . import driver
 from ._prepare import Prepared, must_send
+from ._rayactors import BookActor, NodeActor
+from ._raychannel import ChannelActor
+from ._rayoptions import (actor_options, check_placeable, dumps_by_value,
+                          options_key)
 from ._raypool import ActorPool
-from ._raychannel import ChannelActor, actor_channels
 from .base import Session
 
 __all__ = ["RaySession", "ActorPool", "connect"]
@@ -71,110 +73,18 @@ log = logging.getLogger(__name__)
 CANCEL_GRACE = 1.0
 #: seconds a fetch/feed/blobs request may take
 REQUEST_TIMEOUT = 60.0
-
-
-class _NodeActor:
-    """One node: a NodeRuntime in a Ray actor (see the module docstring).
-    Its methods answer with plain data; errors travel as `error_info`."""
-
-    def __init__(self, name, faults=None, book=None):
-        self.runtime = None
-        self.reset(name, faults, book)
-
-    def __repr__(self):
-        return self.name   # Ray prefixes the actor's output with it
-
-    def reset(self, name, faults=None, book=None):
-        """Become node ``name`` with an empty workspace and no plans (an
-        actor taken from a pool); the process's pid."""
-        if self.runtime is not None:
-            self.runtime.close()
-        self.name = name
-        node_faults = None
-        if faults:   # a Kill ends this actor's process for real
-            node_faults = NodeFaults(name, faults, _RemoteBook(book),
-                                     die_in_process)
-        self.runtime = NodeRuntime(name, channel_factory=actor_channels,
-                                   faults=node_faults)
-        _announce_name(name)
-        return os.getpid()
-
-    def pid(self):
-        return os.getpid()
-
-    def run(self, rid, plan_id, plan_bytes, trace, epoch, channels):
-        try:
-            if plan_bytes is not None:
-                try:
-                    plan = unpack_plan(plan_bytes)
-                except BaseException as exc:  # noqa: BLE001 - a plan error
-                    return ("error", P.error_info(exc, P.PLAN))
-                self.runtime.load(plan_id, plan)
-            # queues between nodes: the run's channel actors; within the
-            # node: in-process channels, new every run
-            result = self.runtime.run(rid, plan_id, (channels, {}), trace,
-                                      epoch=epoch)
-        except BaseException as exc:  # noqa: BLE001 - sent to the driver
-            return ("error", P.error_info(exc))
-        return ("ok", {"outputs": result.outputs, "seconds": result.seconds,
-                       "trace": result.trace})
-
-    def cancel(self, rid):
-        self.runtime.cancel(rid)
-
-    def fetch(self, name):
-        return self.runtime.fetch(name)
-
-    def feed(self, name, value):
-        # Ray hands numpy arguments over as read-only views of its object
-        # store: the workspace keeps its own, writable copy
-        self.runtime.feed(name, np.array(value, copy=True))
-
-    def blobs(self):
-        return self.runtime.blobs()
-
-    def has(self, name):
-        return self.runtime.has(name)
-
-
-class _BookActor:
-    """The fault plan's book, shared by a session's actors: when each
-    fault fired (0: not yet)."""
-
-    def __init__(self, size):
-        self.reset(size)
-
-    def reset(self, size):
-        self.times = [0.0] * size
-        return os.getpid()
-
-    def take(self, index):
-        if self.times[index]:
-            return False
-        self.times[index] = time.time()
-        return True
-
-    def read(self):
-        return list(self.times)
-
-
-class _RemoteBook:
-    """A node's view of the `_BookActor`: `FaultBook`'s ``take``."""
-
-    def __init__(self, handle):
-        self._handle = handle
-
-    def take(self, index):
-        return ray.get(self._handle.take.remote(index))
+#: seconds a node's actor may take to start (placement included)
+START_TIMEOUT = 120.0
 
 
 class _Node:
     """The driver's handle of one node's actor."""
 
-    def __init__(self, name, actor, key):
+    def __init__(self, name, actor, kwargs):
         self.name = name
         self.actor = actor
-        self.key = key           # its actor options, as a pool keeps it
+        self.kwargs = kwargs     # its Node options
+        self.key = options_key(kwargs)   # as a pool keeps it
         self.plans = collections.OrderedDict()   # mirrors its plan cache
         self.pid = None
 
@@ -194,19 +104,21 @@ class RaySession(Session):
         self._pool = pool
         self._owns_ray = connect(address, namespace, **ray_init_kwargs)
         self._actor_class = ray.remote(max_concurrency=2,
-                                       max_restarts=0)(_NodeActor)
+                                       max_restarts=0)(NodeActor)
         self._channel_class = ray.remote(max_restarts=0)(ChannelActor)
         self._queue_actors = {}   # (queue id, capacity) -> channel actor
         self._nodes = {}
+        self._placeable = set()  # option keys check_placeable passed
+        self._kwargs = {}        # node -> its options, kept past a death
         self._rids = itertools.count(1)
         # plans pickle the user's functions by value: a job defined in
         # __main__ or a test module reaches actors that cannot import it
-        self._prepared = Prepared(_dumps_by_value)
+        self._prepared = Prepared(dumps_by_value)
         self._book = None
         if self.faults is not None:
             self._book = self._pooled("book", len(self.faults))
             if self._book is None:
-                self._book = ray.remote(_BookActor).options(
+                self._book = ray.remote(BookActor).options(
                     num_cpus=0).remote(len(self.faults))
 
     def _pooled(self, kind, *reset_args):
@@ -242,31 +154,54 @@ class RaySession(Session):
     def _ensure(self, wanted):
         """The `_Node` of each of ``{name: Node options}``, starting the
         actors that are missing (all at once) and waiting until they run."""
-        started = {}
+        missing = {}
         for name, kwargs in wanted.items():
-            if name not in self._nodes:
-                started[name] = self._start(name, _actor_options(kwargs or {}))
+            node = self._nodes.get(name)
+            if node is None:   # a restart keeps the node's options
+                missing[name] = kwargs or self._kwargs.get(name, {})
+            elif kwargs and kwargs != node.kwargs:
+                log.warning("node %r runs with %s; new options %s apply "
+                            "after it restarts", name, node.kwargs, kwargs)
+        for name, kwargs in missing.items():   # before any actor starts
+            key = options_key(kwargs)
+            if key not in self._placeable:
+                check_placeable(name, kwargs)
+                self._placeable.add(key)
+        started = {n: self._start(n, k) for n, k in missing.items()}
         for name, (node, ref) in started.items():
             try:
-                node.pid = ray.get(ref, timeout=REQUEST_TIMEOUT)
-            except ray.exceptions.RayActorError as exc:
-                for other, _ in started.values():
-                    if other.pid is not None:
-                        self._nodes[other.name] = other
-                    else:
-                        _kill(other.actor)
+                node.pid = ray.get(ref, timeout=START_TIMEOUT)
+            except (ray.exceptions.RayActorError,
+                    ray.exceptions.GetTimeoutError) as exc:
+                self._not_started(started)
                 raise NodeFailedError(
-                    f"node {name!r} could not start as a Ray actor: "
-                    f"{_reason(exc)}; check its Node(...) options",
-                    node=name) from exc
+                    f"node {name!r} could not start as a Ray actor "
+                    f"within {START_TIMEOUT} s: {_reason(exc)}; check its "
+                    f"Node(...) options {missing[name]} against the "
+                    "cluster's free resources", node=name) from exc
         for name, (node, _) in started.items():
             self._nodes[name] = node
+            self._kwargs[name] = node.kwargs
         return [self._nodes[name] for name in wanted]
 
-    def _start(self, name, options):
+    def _not_started(self, started):
+        """After one of ``started`` failed: keep those that run, kill the
+        rest (pending placement, or dead)."""
+        for node, ref in started.values():
+            ready, _ = ray.wait([ref], timeout=0)
+            try:
+                node.pid = ray.get(ready[0], timeout=0) if ready else None
+            except Exception:  # noqa: BLE001 - this one failed too
+                node.pid = None
+            if node.pid is not None:
+                self._nodes[node.name] = node
+            else:
+                _kill(node.actor)
+
+    def _start(self, name, kwargs):
         """``(_Node, ref of its pid)`` of node ``name``: a pooled actor
         reset for it (one that died idle is passed over), or a new one."""
-        key = _options_key(options)
+        key = options_key(kwargs)
         faults = faults_of_node(self.faults, name)
         while self._pool is not None:
             taken = self._pool.take("node", key)
@@ -280,10 +215,10 @@ class RaySession(Session):
             except Exception:  # noqa: BLE001 - died idle: take another
                 log.debug("a pooled node actor is gone", exc_info=True)
                 continue
-            return _Node(name, actor, key), ref
-        actor = self._actor_class.options(**options).remote(
+            return _Node(name, actor, kwargs), ref
+        actor = self._actor_class.options(**actor_options(kwargs)).remote(
             name, faults, self._book)
-        return _Node(name, actor, key), actor.pid.remote()
+        return _Node(name, actor, kwargs), actor.pid.remote()
 
     def _died(self, name, exc):
         """The NodeFailedError of a dead actor; it is forgotten, so the
@@ -492,72 +427,11 @@ class _RayRunIO(driver.RunIO):
                if killed else ""), nodes=late, killed=killed)
 
 
-def _dumps_by_value(obj, protocol):
-    """``cloudpickle.dumps`` of ``(plan, user_ops)``, the modules of the
-    user's functions (Python ops, registered kernels) pickled by value --
-    but those installed as packages, which every Ray worker imports."""
-    plan, user_ops = obj
-    functions = [schema.kernel for schema in user_ops.values()]
-    for net in plan.step.walk_nets():
-        for op in net.ops:
-            functions += [v for v in op.args.values() if callable(v)]
-    for fn in functions:
-        module = sys.modules.get(getattr(fn, "__module__", None) or "")
-        if module is not None and _by_value(module):
-            ray.cloudpickle.register_pickle_by_value(module)
-    return ray.cloudpickle.dumps(obj, protocol)
-
-
-def _by_value(module):
-    """A module of the user's own (not localcluster, not installed, not
-    the standard library): the workers may not be able to import it."""
-    name = module.__name__
-    path = getattr(module, "__file__", None) or ""
-    return not (name == "localcluster" or name.startswith("localcluster.")
-                or name == "__main__" or "site-packages" in path or
-                "dist-packages" in path or not path or
-                path.startswith(_STDLIB))
-
-
-_STDLIB = sysconfig.get_paths()["stdlib"]
-
-
-def _actor_options(kwargs):
-    """Ray actor options from a Node's options (an actor holds no CPU
-    unless its Node asks for ``cpus``)."""
-    options = {"num_cpus": 0, "max_restarts": 0}
-    cpus = kwargs.get("cpus")
-    if cpus:
-        options["num_cpus"] = len(cpus)
-    if kwargs.get("memory_limit"):
-        options["memory"] = int(kwargs["memory_limit"])
-    if kwargs.get("env"):
-        options["runtime_env"] = {"env_vars": {
-            str(k): str(v) for k, v in kwargs["env"].items()}}
-    return options
-
-
-def _options_key(options):
-    """A hashable key of actor options (a pool keeps actors by it)."""
-    return repr(sorted(options.items()))
-
-
 def _kill(actor):
     try:
         ray.kill(actor, no_restart=True)
     except Exception:  # noqa: BLE001 - dead already
         pass
-
-
-def _announce_name(name):
-    """Tell Ray's log monitor this actor's output is now ``name``'s (the
-    line Ray itself writes when an actor starts; it prefixes the
-    actor's later lines with the name)."""
-    marker = getattr(getattr(ray, "_private", None), "ray_constants", None)
-    marker = getattr(marker, "LOG_PREFIX_ACTOR_NAME", None)
-    if marker:
-        for stream in (sys.stdout, sys.stderr):
-            print(marker + name, file=stream, flush=True)
 
 
 def _reason(exc):

@@ -14,8 +14,8 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 
-from localcluster import (Job, JobRunner, MultiNodeCheckpointManager, Node,  # noqa: E402
-                          NodeFailedError, Queue, RunTimeoutError,
+from localcluster import (Cluster, Job, JobRunner, MultiNodeCheckpointManager, Node,  # noqa: E402
+                          NodeFailedError, PlanError, Queue, RunTimeoutError,
                           Task, TaskFailedError, TaskGroup, WorkspaceType,
                           epoch_limiter, final_output, ops)
 from localcluster.errors import BlobNotFoundError  # noqa: E402
@@ -343,6 +343,48 @@ def test_a_session_that_started_ray_leaves_nothing_at_close(tmp_path):
     left = next(line for line in lines if line.startswith("left"))
     assert left.startswith("left [] ") and not left.endswith(" 0"), left
     assert "shm []" in lines
+
+
+def one_op_on(**options):
+    with Cluster(), TaskGroup(WorkspaceType.GLOBAL) as group:
+        with Node("placed", **options), Task():
+            ops.Const(np.ones(2), name="x")
+    return group
+
+
+def test_node_resources_are_the_actors_resources(session):
+    session.start_nodes(["a"])        # holds no CPU unless asked
+    assert ray.available_resources().get("CPU") == 2
+    session.run(one_op_on(resources={"CPU": 2}))
+    assert "CPU" not in ray.available_resources()
+    session.close()
+    deadline = time.monotonic() + 10
+    while ray.available_resources().get("CPU") != 2 and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ray.available_resources().get("CPU") == 2
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"resources": {"TPU": 4}}, "'TPU': 4"),
+    ({"resources": {"CPU": 64}}, "'CPU': 64"),
+    ({"placement": "0" * 56}, "no live Ray node has that id"),
+    ({"placement": {"zone": "mars"}}, "no live Ray node has those labels"),
+])
+def test_a_node_no_ray_node_can_hold_is_a_plan_error(session, options,
+                                                     named):
+    with pytest.raises(PlanError, match=named) as caught:
+        session.run(one_op_on(**options))
+    assert "'placed'" in str(caught.value)
+    assert session.node_pids() == {}          # no actor was started
+
+
+def test_a_node_placed_on_a_ray_node_runs_there(ray_instance):
+    here = ray.get_runtime_context().get_node_id()
+    for placement in (here, {"ray.io/node-id": here}):
+        with RaySession() as placed:
+            placed.run(one_op_on(placement=placement))
+            assert placed.fetch_blob("x", "placed").tolist() == [1.0, 1.0]
 
 
 def test_the_import_error_names_the_extra():

@@ -1,0 +1,128 @@
+"""From a job to Ray: what a node's actor is started with, and how a
+plan's functions travel.
+
+A Node's options become actor options: ``cpus`` -> ``num_cpus`` (how
+many; Ray places the actor, the ids are not pinned), ``memory_limit`` ->
+``memory`` (Ray's reservation), ``env`` -> ``runtime_env``'s variables,
+``resources`` -> ``num_cpus``/``num_gpus``/``resources``, ``placement``
+(a Ray node id, or ``{label: value}``) -> a hard scheduling strategy.
+`check_placeable` refuses, before any actor starts, a node the cluster
+can never hold.  Plans pickle the user's own modules by value, so a job
+defined in ``__main__`` or a test module reaches workers that cannot
+import it.
+"""
+
+import sys
+import sysconfig
+
+import ray
+
+from ..errors import PlanError
+
+__all__ = ["actor_options", "options_key", "check_placeable",
+           "dumps_by_value"]
+
+
+def dumps_by_value(obj, protocol):
+    """``cloudpickle.dumps`` of ``(plan, user_ops)``, the modules of the
+    user's functions (Python ops, registered kernels) pickled by value --
+    but those installed as packages, which every Ray worker imports."""
+    plan, user_ops = obj
+    functions = [schema.kernel for schema in user_ops.values()]
+    for net in plan.step.walk_nets():
+        for op in net.ops:
+            functions += [v for v in op.args.values() if callable(v)]
+    for fn in functions:
+        module = sys.modules.get(getattr(fn, "__module__", None) or "")
+        if module is not None and _by_value(module):
+            ray.cloudpickle.register_pickle_by_value(module)
+    return ray.cloudpickle.dumps(obj, protocol)
+
+
+def _by_value(module):
+    """A module of the user's own (not localcluster, not installed, not
+    the standard library): the workers may not be able to import it."""
+    name = module.__name__
+    path = getattr(module, "__file__", None) or ""
+    return not (name == "localcluster" or name.startswith("localcluster.")
+                or name == "__main__" or "site-packages" in path or
+                "dist-packages" in path or not path or
+                path.startswith(_STDLIB))
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def actor_options(kwargs):
+    """Ray actor options from a Node's options (an actor holds no CPU
+    unless its Node asks for some)."""
+    options = {"num_cpus": 0, "max_restarts": 0}
+    if kwargs.get("cpus"):
+        options["num_cpus"] = len(kwargs["cpus"])
+    if kwargs.get("memory_limit"):
+        options["memory"] = int(kwargs["memory_limit"])
+    if kwargs.get("env"):
+        options["runtime_env"] = {"env_vars": dict(kwargs["env"])}
+    resources = dict(kwargs.get("resources") or {})
+    if "CPU" in resources:
+        options["num_cpus"] = resources.pop("CPU")
+    if "GPU" in resources:
+        options["num_gpus"] = resources.pop("GPU")
+    if resources:
+        options["resources"] = resources
+    placement = kwargs.get("placement")
+    if isinstance(placement, str):
+        from ray.util.scheduling_strategies import \
+            NodeAffinitySchedulingStrategy
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+            placement, soft=False)
+    elif placement:
+        from ray.util.scheduling_strategies import (
+            In, NodeLabelSchedulingStrategy)
+        options["scheduling_strategy"] = NodeLabelSchedulingStrategy(
+            {k: In(v) for k, v in placement.items()})
+    return options
+
+
+def options_key(kwargs):
+    """A hashable key of a Node's options (a pool keeps actors by it)."""
+    return repr(sorted(kwargs.items()))
+
+
+def check_placeable(name, kwargs):
+    """`PlanError` if no node of the Ray cluster can ever hold node
+    ``name``: a resource it asks for beyond what the cluster has in all,
+    a placement on a node id or labels no live Ray node has."""
+    asked = dict(kwargs.get("resources") or {})
+    if kwargs.get("cpus") and "CPU" not in asked:
+        asked["CPU"] = len(kwargs["cpus"])
+    if kwargs.get("memory_limit"):
+        asked["memory"] = kwargs["memory_limit"]
+    total = ray.cluster_resources()
+    short = {k: v for k, v in asked.items() if v > total.get(k, 0)}
+    if short:
+        raise PlanError(
+            f"Node({name!r}) asks for {short} but the Ray cluster has "
+            f"{_shown(total, short)} in all; ask for less, or add Ray "
+            "nodes that have it")
+    placement = kwargs.get("placement")
+    if not placement:
+        return
+    live = [n for n in ray.nodes() if n.get("Alive")]
+    if isinstance(placement, str):
+        ids = [n["NodeID"] for n in live]
+        if placement not in ids:
+            raise PlanError(
+                f"Node({name!r}, placement={placement!r}): no live Ray node "
+                f"has that id; the cluster's node ids are {ids}")
+        return
+    if not any(all(n.get("Labels", {}).get(k) == v
+                   for k, v in placement.items()) for n in live):
+        raise PlanError(
+            f"Node({name!r}, placement={placement!r}): no live Ray node has "
+            f"those labels; the nodes have "
+            f"{[n.get('Labels', {}) for n in live]}")
+
+
+def _shown(total, short):
+    return {k: total.get(k, 0) for k in short}
