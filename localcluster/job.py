@@ -294,7 +294,8 @@ class JobRunner:
             raise CheckpointError(
                 f"cannot resume from epoch {resume}: node(s) {missing} have "
                 f"no checkpoint of it under {cm.db_prefix}; the latest "
-                f"complete epoch there is {cm.latest_epoch_on_disk()}")
+                f"complete epoch there is {cm.latest_epoch_on_disk()}"
+                f"{getattr(session, 'CHECKPOINT_REACH', '')}")
         try:
             self._run(session, cm.init(nodes, retrieve_from_epoch=resume))
             self._run(session, cm.load(resume))
@@ -346,22 +347,33 @@ class JobRunner:
             self._run(session, cm.save(epoch, final=final))
         except TaskFailedError as exc:
             cm.remove_partials(epoch)
-            reason = exc.reason
-            message = (f"checkpoint of epoch {epoch} was not written "
-                       f"(node {exc.node!r}: {reason})")
-            if self.on_checkpoint_error == "raise":
-                raise CheckpointError(message) from exc
-            log.error("%s; training goes on", message)
-            warnings.warn(f"{message}; training goes on", CheckpointWarning,
-                          stacklevel=3)
-            self.result.checkpoint_errors.append((epoch, message))
-            return message
+            return self._not_saved(epoch, f"node {exc.node!r}: {exc.reason}",
+                                   exc)
         except BaseException:
             cm.remove_partials(epoch)  # a node killed while writing
             raise
+        unseen = cm.nodes_without(epoch, self.job.nodes_to_checkpoint())
+        if unseen:
+            return self._not_saved(
+                epoch, f"node(s) {unseen} wrote it where this process does "
+                f"not see it under {cm.db_prefix!r}"
+                f"{getattr(session, 'CHECKPOINT_REACH', '')}")
         cm.report_saved(epoch)
         self._saved = epoch
         return None
+
+
+    def _not_saved(self, epoch, why, cause=None):
+        """A checkpoint of ``epoch`` that is not there: CheckpointError, or
+        a warning and its message (``on_checkpoint_error``)."""
+        message = f"checkpoint of epoch {epoch} was not written ({why})"
+        if self.on_checkpoint_error == "raise":
+            raise CheckpointError(message) from cause
+        log.error("%s; training goes on", message)
+        warnings.warn(f"{message}; training goes on", CheckpointWarning,
+                      stacklevel=4)
+        self.result.checkpoint_errors.append((epoch, message))
+        return message
 
 
 def _truthy(value):

@@ -98,6 +98,12 @@ class RaySession(Session):
     to at `close()` (None: actors are started here and killed at
     `close()`); further keyword arguments go to ``ray.init``."""
 
+    #: what a checkpoint error adds: each actor writes its own files
+    CHECKPOINT_REACH = (
+        " -- under RaySession every node writes its checkpoints itself, so "
+        "db_prefix must be a directory every Ray node and this driver "
+        "reach at the same absolute path (a shared filesystem)")
+
     def __init__(self, address=None, namespace=None, faults=None, pool=None,
                  **ray_init_kwargs):
         super().__init__(faults=faults)

@@ -14,7 +14,9 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 
-from localcluster import (Cluster, Job, JobRunner, MultiNodeCheckpointManager, Node,  # noqa: E402
+from localcluster import (CheckpointError, CheckpointWarning,  # noqa: E402
+                          Cluster, Job, JobRunner,
+                          MultiNodeCheckpointManager, Node,
                           NodeFailedError, PlanError, Queue, RunTimeoutError,
                           Task, TaskFailedError, TaskGroup, WorkspaceType,
                           epoch_limiter, final_output, ops)
@@ -385,6 +387,38 @@ def test_a_node_placed_on_a_ray_node_runs_there(ray_instance):
         with RaySession() as placed:
             placed.run(one_op_on(placement=placement))
             assert placed.fetch_blob("x", "placed").tolist() == [1.0, 1.0]
+
+
+class ElsewhereSession(RaySession):
+    """Node t1's checkpoints land where the driver does not see them, as
+    on a Ray node whose disk is its own."""
+
+    manager = None
+
+    def _run_plans(self, plans, timeout):
+        results = super()._run_plans(plans, timeout)
+        for epoch in range(10):
+            path = self.manager.get_ckpt_db_name("t1", epoch)
+            if os.path.exists(path):
+                os.remove(path)
+        return results
+
+
+def test_a_checkpoint_the_driver_cannot_see_says_where_it_must_be(
+        ray_instance, tmp_path):
+    never = tmp_path / "never"
+    never.touch()
+    manager = MultiNodeCheckpointManager(str(tmp_path / "ck"))
+    with ElsewhereSession() as session:
+        session.manager = manager
+        with pytest.warns(CheckpointWarning) as caught:
+            JobRunner(build_job(never), manager).train(session)
+        with pytest.raises(CheckpointError, match="shared filesystem"):
+            JobRunner(build_job(never), manager,
+                      on_checkpoint_error="raise").train(session)
+    message = str(caught[0].message)
+    assert "['t1'] wrote it where this process does not see it" in message
+    assert "every Ray node and this driver reach" in message
 
 
 def test_the_import_error_names_the_extra():
