@@ -12,6 +12,7 @@ defined in ``__main__`` or a test module reaches workers that cannot
 import it.
 """
 
+import re
 import sys
 import sysconfig
 
@@ -20,23 +21,56 @@ import ray
 from ..errors import PlanError
 
 __all__ = ["actor_options", "options_key", "check_placeable",
-           "dumps_by_value"]
+           "dumps_by_value", "unimportable"]
 
 
-def dumps_by_value(obj, protocol):
+def dumps_by_value(obj, protocol, by_reference=None):
     """``cloudpickle.dumps`` of ``(plan, user_ops)``, the modules of the
     user's functions (Python ops, registered kernels) pickled by value --
-    but those installed as packages, which every Ray worker imports."""
+    but those installed as packages, which every Ray worker is expected
+    to import: ``by_reference`` (a dict) gets ``{module: [function]}``
+    of those, for the error of a worker that cannot."""
     plan, user_ops = obj
     functions = [schema.kernel for schema in user_ops.values()]
     for net in plan.step.walk_nets():
         for op in net.ops:
             functions += [v for v in op.args.values() if callable(v)]
     for fn in functions:
-        module = sys.modules.get(getattr(fn, "__module__", None) or "")
-        if module is not None and _by_value(module):
+        name = getattr(fn, "__module__", None) or ""
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        if _by_value(module):
             ray.cloudpickle.register_pickle_by_value(module)
+        elif by_reference is not None and not _ours_or_stdlib(module):
+            by_reference.setdefault(name, set()).add(
+                f"{name}.{getattr(fn, '__qualname__', fn)}")
     return ray.cloudpickle.dumps(obj, protocol)
+
+
+def unimportable(error, by_reference):
+    """The PlanError of a plan a worker could not load because it could
+    not import a module (``error``: the node's PlanError), naming the
+    functions of the plan from that module and the ways to ship it."""
+    found = re.search(r"No module named '([^']+)'", str(error))
+    if found is None:
+        return error
+    missing = found.group(1)
+    functions = sorted(f for module, fns in by_reference.items()
+                       if module == missing or
+                       module.startswith(missing + ".") for f in fns)
+    return PlanError(
+        f"{error}; the Ray workers cannot import module {missing!r}"
+        + (f" of {functions}" if functions else "") + ": install it on "
+        "every Ray node, or ship it with RaySession(runtime_env="
+        "{'py_modules': [...]})")
+
+
+def _ours_or_stdlib(module):
+    name = module.__name__
+    path = getattr(module, "__file__", None) or ""
+    return (name == "localcluster" or name.startswith("localcluster.") or
+            not path or path.startswith(_STDLIB) or name == "__main__")
 
 
 def _by_value(module):

@@ -38,6 +38,7 @@ reset, at `close()`.
 """
 
 import collections
+import functools
 import itertools
 import logging
 import os
@@ -51,7 +52,8 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError(
         "RaySession needs Ray: pip install 'localcluster[ray]'") from exc
 
-from ..errors import BlobNotFoundError, NodeFailedError, RunTimeoutError
+from ..errors import (BlobNotFoundError, NodeFailedError, PlanError,
+                      RunTimeoutError)
 from ..plan.faults import EXIT_STATUS
 from ..plan.validate import feedable
 from ..runtime.faults import faults_of_node
@@ -61,7 +63,7 @@ from ._prepare import Prepared, must_send
 from ._rayactors import BookActor, NodeActor
 from ._raychannel import ChannelActor
 from ._rayoptions import (actor_options, check_placeable, dumps_by_value,
-                          options_key)
+                          options_key, unimportable)
 from ._raypool import ActorPool
 from .base import Session
 
@@ -119,7 +121,9 @@ class RaySession(Session):
         self._rids = itertools.count(1)
         # plans pickle the user's functions by value: a job defined in
         # __main__ or a test module reaches actors that cannot import it
-        self._prepared = Prepared(dumps_by_value)
+        self._by_reference = {}   # module -> functions pickled by name
+        self._prepared = Prepared(functools.partial(
+            dumps_by_value, by_reference=self._by_reference))
         self._book = None
         if self.faults is not None:
             self._book = self._pooled("book", len(self.faults))
@@ -408,7 +412,10 @@ class _RayRunIO(driver.RunIO):
         except ray.exceptions.RayActorError as exc:
             return (driver.DIED, node, self.session._died(node, exc))
         if kind == "error":
-            return (driver.FAILED, node, P.rebuild_error(node, payload))
+            error = P.rebuild_error(node, payload)
+            if isinstance(error, PlanError):
+                error = unimportable(error, self.session._by_reference)
+            return (driver.FAILED, node, error)
         self.session._node_done(node)
         if payload.get("trace") is not None:
             self.session.last_run_trace[node] = payload["trace"]

@@ -421,6 +421,29 @@ def test_a_checkpoint_the_driver_cannot_see_says_where_it_must_be(
     assert "every Ray node and this driver reach" in message
 
 
+def test_a_function_the_workers_cannot_import_is_a_plan_error_naming_it(
+        session, tmp_path, monkeypatch):
+    # a module installed on the driver only: pickled by reference, as an
+    # installed package is, and missing where the actor looks
+    installed = tmp_path / "site-packages"
+    installed.mkdir()
+    (installed / "lc_driver_only.py").write_text(
+        "def twice(x):\n    return x * 2\n")
+    monkeypatch.syspath_prepend(str(installed))
+    import lc_driver_only
+    monkeypatch.setitem(sys.modules, "lc_driver_only", lc_driver_only)
+    with TaskGroup() as group:
+        with Node("a"), Task():
+            ops.Python(lc_driver_only.twice)([ops.Const(np.ones(1))],
+                                             ["y"])
+    with pytest.raises(PlanError) as caught:
+        session.run(group)
+    message = str(caught.value)
+    assert "'a'" in message and "lc_driver_only.twice" in message
+    assert "py_modules" in message
+    monkeypatch.delitem(sys.modules, "lc_driver_only")
+
+
 def test_the_import_error_names_the_extra():
     code = ("import sys; sys.modules['ray'] = None\n"
             "import localcluster\n"
