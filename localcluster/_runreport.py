@@ -9,7 +9,6 @@ import threading
 import time
 
 import numpy as np
-import psutil
 
 __all__ = ["Usage", "Progress", "EpochWatch", "scalar", "mib", "IN_PROCESS"]
 
@@ -19,20 +18,9 @@ IN_PROCESS = "(all nodes: this process)"
 
 # -- watching the nodes --------------------------------------------------------------
 
-def _peak_rss(pid):
-    """Peak resident set size of ``pid`` in bytes (Linux VmHWM), or None."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 class Usage:
-    """CPU and memory of every node process, sampled after each epoch."""
+    """CPU and memory of every node process, sampled after each epoch
+    (`Session.node_stats`: read where each node runs)."""
 
     def __init__(self, session, nodes):
         self.session, self.nodes = session, nodes
@@ -40,48 +28,34 @@ class Usage:
         self.cpu_seconds = {}    # per node process (or IN_PROCESS)
         self.peak_rss = {}
 
-    def _pids(self):
-        """``{node: pid}`` to sample; nodes that run in this process
-        (threads of an in-process session) are one process, reported once
-        as `IN_PROCESS`."""
-        own, pids = os.getpid(), {}
-        for node, pid in self.session.node_pids().items():
-            pids[IN_PROCESS if pid == own else node] = pid
-        return pids
+    def _stats(self):
+        """``{node: process stats}`` to sample; nodes that run in this
+        process (threads of an in-process session) are one process,
+        reported once as `IN_PROCESS`."""
+        own, out = os.getpid(), {}
+        for node, stats in self.session.node_stats().items():
+            out[IN_PROCESS if stats["pid"] == own else node] = stats
+        return out
 
     def sample(self):
         """``{node: {"cpu_percent", "rss_bytes"}}`` since the last sample."""
         now, out = time.monotonic(), {}
-        for node, pid in self._pids().items():
-            try:
-                proc = psutil.Process(pid)
-                times = proc.cpu_times()
-                cpu = times.user + times.system
-                rss = proc.memory_info().rss
-            except psutil.Error:
-                continue
+        for node, stats in self._stats().items():
+            pid, cpu = stats["pid"], stats["cpu_seconds"]
             last_pid, last_cpu, last_time = self._last.get(
                 node, (None, 0.0, None))
             if last_pid != pid:  # new (or restarted): since it started
-                last_cpu, last_time = 0.0, _started(proc, now)
+                last_cpu, last_time = 0.0, now - stats["age_seconds"]
             spent = cpu - last_cpu
             self.cpu_seconds[node] = self.cpu_seconds.get(node, 0.0) + spent
             self.peak_rss[node] = max(self.peak_rss.get(node, 0),
-                                      _peak_rss(pid) or rss)
-            wall = None if last_time is None else now - last_time
+                                      stats["peak_rss_bytes"])
+            wall = now - last_time
             out[node] = {"cpu_percent": (round(100 * spent / wall, 1)
-                                         if wall else None),
-                         "rss_bytes": rss}
+                                         if wall > 0 else None),
+                         "rss_bytes": stats["rss_bytes"]}
             self._last[node] = (pid, cpu, now)
         return out
-
-
-def _started(proc, now):
-    """``proc``'s start on the time.monotonic clock (None if unknown)."""
-    try:
-        return now - max(0.0, time.time() - proc.create_time())
-    except psutil.Error:
-        return None
 
 
 def scalar(value):

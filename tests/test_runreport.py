@@ -1,14 +1,19 @@
 """What the command line reports of each node process, from any session
-that says where its nodes run (``node_pids``)."""
+that says where its nodes run (``node_pids``, read by the base session's
+``node_stats``)."""
 
 import multiprocessing
 import os
 
 from localcluster._runreport import IN_PROCESS, Usage
+from localcluster.sessions.base import Session
 
 
 class Pids:
-    """A session as `Usage` sees it: nothing but ``node_pids()``."""
+    """A session as `Usage` sees it: ``node_pids()``, and the base
+    session's ``node_stats()`` over them."""
+
+    node_stats = Session.node_stats
 
     def __init__(self, pids):
         self.pids = pids

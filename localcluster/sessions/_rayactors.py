@@ -26,6 +26,7 @@ import ray
 from ..plan.packing import unpack_plan
 from ..runtime.faults import NodeFaults, die_in_process
 from ..runtime.host import NodeRuntime
+from ..runtime.procstats import process_stats
 from . import _protocol as P
 from ._raychannel import actor_channels
 
@@ -60,6 +61,11 @@ class NodeActor:
 
     def pid(self):
         return os.getpid()
+
+    def stats(self):
+        """This process's CPU and memory, read here: the driver may be
+        on another machine."""
+        return process_stats()
 
     def run(self, rid, plan_id, plan_bytes, trace, epoch, channels):
         try:

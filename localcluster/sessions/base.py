@@ -25,6 +25,7 @@ from ..plan.net import Net, plan_epoch
 from ..plan.node_plan import WorkspaceType, as_workspace_type
 from ..plan.step import ExecutionStep, to_execution_step
 from ..plan.validate import check_seconds
+from ..runtime.procstats import process_stats
 from ..task import Cluster, Task, TaskGroup
 
 __all__ = ["Session", "SessionState"]
@@ -228,6 +229,14 @@ class Session:
     def node_pids(self):
         """``{node: pid}`` of the process each started node runs in."""
         raise NotImplementedError
+
+    def node_stats(self):
+        """``{node: {"pid", "cpu_seconds", "rss_bytes", "peak_rss_bytes",
+        "age_seconds"}}`` of each started node's process (nodes of one
+        process share its figures)."""
+        stats = {node: process_stats(pid)
+                 for node, pid in self.node_pids().items()}
+        return {node: s for node, s in stats.items() if s is not None}
 
     def fetch_blob(self, name, node="local", copy=True):
         raise NotImplementedError

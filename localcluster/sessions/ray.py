@@ -159,6 +159,24 @@ class RaySession(Session):
         """``{node: pid}`` of each node's actor process."""
         return {name: node.pid for name, node in self._nodes.items()}
 
+    def node_stats(self):
+        """Each node actor's CPU and memory, as the actor reads them."""
+        nodes = list(self._nodes.values())
+        if not nodes:
+            return {}
+        refs = [n.actor.stats.remote() for n in nodes]
+        ready, _ = ray.wait(refs, num_returns=len(refs),
+                            timeout=REQUEST_TIMEOUT)
+        out = {}
+        for node, ref in zip(nodes, refs):
+            try:
+                stats = ray.get(ref, timeout=0) if ref in ready else None
+            except ray.exceptions.RayError:
+                stats = None    # died: the next run reports it
+            if stats is not None:
+                out[node.name] = stats
+        return out
+
     # -- nodes ----------------------------------------------------------------
 
     def _ensure(self, wanted):

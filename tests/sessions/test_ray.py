@@ -444,6 +444,16 @@ def test_a_function_the_workers_cannot_import_is_a_plan_error_naming_it(
     monkeypatch.delitem(sys.modules, "lc_driver_only")
 
 
+def test_node_stats_are_read_by_each_actor(session):
+    session.start_nodes(["a"])
+    real = session.node_pids()["a"]
+    # as if the actor ran on another machine: no pid the driver could use
+    session._nodes["a"].pid = None
+    stats = session.node_stats()["a"]
+    assert stats["pid"] == real and stats["rss_bytes"] > 0
+    assert stats["peak_rss_bytes"] >= stats["rss_bytes"]
+
+
 def test_the_import_error_names_the_extra():
     code = ("import sys; sys.modules['ray'] = None\n"
             "import localcluster\n"
@@ -457,13 +467,20 @@ def test_the_import_error_names_the_extra():
 
 
 def test_the_command_line_trains_the_example_to_the_localhost_loss():
-    def loss(*args):
+    def run(*args):
         done = subprocess.run(
             [sys.executable, "-m", "localcluster.run", "--json", "--threads",
              "1", "--epochs", "2", *args], capture_output=True, text=True,
             timeout=180)
         assert done.returncode == 0, done.stderr[-2000:]
         import json
-        return json.loads(done.stdout)["epochs"][-1]["metrics"]["loss"]
+        return json.loads(done.stdout)
 
-    assert loss("--session", "ray") == loss("--session", "localhost")
+    on_ray, here = run("--session", "ray"), run("--session", "localhost")
+    assert on_ray["epochs"][-1]["metrics"]["loss"] == \
+        here["epochs"][-1]["metrics"]["loss"]
+    # per-node CPU and memory, as each actor reads its own process
+    assert set(on_ray["node_usage"]) == set(here["node_usage"])
+    for usage in on_ray["node_usage"].values():
+        assert usage["peak_rss_bytes"] > 10 << 20
+        assert usage["cpu_seconds"] > 0
