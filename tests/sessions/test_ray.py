@@ -454,6 +454,32 @@ def test_node_stats_are_read_by_each_actor(session):
     assert stats["peak_rss_bytes"] >= stats["rss_bytes"]
 
 
+def test_a_nodes_output_reaches_the_driver_prefixed_with_its_name(tmp_path):
+    # in a process of its own, with a Ray that sends workers' output to
+    # the driver; the pooled actor was another node before
+    code = """if True:
+        import time, numpy as np
+        from localcluster import Node, Task, TaskGroup, ops
+        from localcluster.sessions.ray import ActorPool, RaySession
+        with RaySession(num_cpus=1), ActorPool() as pool:
+            with RaySession(pool=pool) as first:
+                first.feed_blob("x", np.ones(1), node="first")
+            with TaskGroup() as group:
+                with Node("trainer_7"), Task():
+                    ops.Print([ops.Const(np.array(42), name="answer")], [])
+            with RaySession(pool=pool) as second:
+                second.run(group)
+                time.sleep(3)   # Ray's log monitor forwards it in time
+        """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in (done.stdout + done.stderr).splitlines()
+             if "answer: 42" in line]
+    assert lines and all("(trainer_7 pid=" in line for line in lines), \
+        lines or done.stdout[-2000:]
+
+
 def test_the_import_error_names_the_extra():
     code = ("import sys; sys.modules['ray'] = None\n"
             "import localcluster\n"
