@@ -12,14 +12,13 @@ descriptor behind.
 
 import os
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
 from localcluster import LocalHostScheduler, LocalSession
 from localcluster.testing.pytest_plugin import (Snapshot, leaks_since,
-                                                live_children,
-                                                session_kinds)
+                                                live_children, runs_ray,
+                                                session_kinds, warm_ray)
 
 pytest_plugins = ["pytester"]
 
@@ -72,35 +71,20 @@ def _params(item):
     return getattr(getattr(item, "callspec", None), "params", {})
 
 
-def _runs_ray(module, items):
-    """Whether any test of ``module`` is parametrised with the ray kind."""
-    return any(getattr(item, "module", None) is module and
-               "ray" in _params(item).values() for item in items)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def ray_pool(request):
     """One local Ray for a module with tests under the ray kind, and a
     pool of warm node actors its sessions take and give back (starting an
     actor takes most of a second); everything is gone after the module."""
-    if not _runs_ray(request.module, request.session.items):
+    if not runs_ray(request.module, request.session.items):
         yield None
         return
-    import ray
-    from localcluster.sessions.ray import ActorPool, RaySession
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
-             log_to_driver=False)
-    try:
-        with ActorPool() as pool:
-            RAY["pool"] = pool
-            # the driver's connections to the cluster open on the first
-            # actor: made here, they are the module's, not a test's leak
-            with RaySession(pool=pool) as warm:
-                warm.feed_blob("x", np.ones(1), node="warm")
+    with warm_ray(num_cpus=2, log_to_driver=False) as pool:
+        RAY["pool"] = pool
+        try:
             yield pool
-    finally:
-        RAY["pool"] = None
-        ray.shutdown()
+        finally:
+            RAY["pool"] = None
 
 
 def child_processes():

@@ -15,21 +15,24 @@ anywhere can use::
   installed session kind: ``local``, ``localhost``, and ``ray`` when Ray
   is installed), each open for the test and closed after it, failed or
   not.  ``--localcluster-sessions local,localhost`` narrows
-  ``any_session``.
+  ``any_session``.  Under ``ray``, a test module gets one Ray (started
+  for it unless one runs already) and a pool of warm node actors its
+  sessions share (`warm_ray`): an actor takes most of a second to start.
 - The marker ``@pytest.mark.localcluster(leak_check=True, timeout=None)``.
   ``leak_check``: after the test and its fixtures are torn down, what it
   left that a session makes -- a child process (not a zombie, not one of
   multiprocessing's own helpers), a shared-memory segment of this process
   (``/dev/shm/lc_<pid>_*``), a descriptor on a pipe, socket, eventfd or
   /dev/shm file (but sockets while Ray is initialised here: its driver
-  keeps channels to its workers as it pleases) -- fails it, naming each.  Processes get a moment to
-  exit; what leaked is then killed and unlinked (descriptors are named
+  keeps channels to its workers as it pleases; and the pool's idle
+  actors) -- fails it, naming each.  Processes get a moment to exit; what leaked is then killed and unlinked (descriptors are named
   only: closing them could close what an object still holds), so one bad
   test does not spoil the next.  ``timeout``: the test fails once it has
   run that many seconds (pytest-timeout enforces it if installed, else a
   SIGALRM in the main thread).
 """
 
+import contextlib
 import importlib.util
 import multiprocessing
 import os
@@ -41,7 +44,8 @@ import time
 import psutil
 import pytest
 
-__all__ = ["session_kinds", "Snapshot", "leaks_since", "live_children"]
+__all__ = ["session_kinds", "Snapshot", "leaks_since", "live_children",
+           "warm_ray", "runs_ray"]
 
 #: seconds a child process a test left gets to exit before it counts
 EXIT_GRACE = 2.0
@@ -129,7 +133,62 @@ def pytest_collection_modifyitems(config, items):
 # -- fixtures -----------------------------------------------------------------
 
 def _open(kind):
+    if kind == "ray":
+        return _ray_session(pool=_RAY["pool"])
     return session_kinds()[kind]()
+
+
+#: the warm actors of the module running now (see `warm_ray`)
+_RAY = {"pool": None}
+
+
+@contextlib.contextmanager
+def warm_ray(**ray_init_kwargs):
+    """Ray for a while (started here unless this process runs one; shut
+    down after, if so) and an `ActorPool` of warm node actors for the
+    sessions made meanwhile (``RaySession(pool=pool)``); the driver's
+    connections to the cluster, which open on its first actor, are made
+    here too, so they are not a test's leak."""
+    import ray
+    from ..sessions.ray import ActorPool, RaySession, connect
+    owned = connect(**ray_init_kwargs)
+    try:
+        with ActorPool() as pool:
+            with RaySession(pool=pool) as warm:
+                warm.start_nodes(["warm"])
+            yield pool
+    finally:
+        if owned:
+            ray.shutdown()
+
+
+def runs_ray(module, items):
+    """Whether a test of ``module`` among ``items`` is parametrised with
+    the ray kind."""
+    return any(getattr(item, "module", None) is module and "ray" in getattr(
+        getattr(item, "callspec", None), "params", {}).values()
+        for item in items)
+
+
+@pytest.fixture(scope="module")
+def _localcluster_ray(request):
+    """Ray and warm actors for a module whose tests take ``any_session``
+    under the ray kind (module-scoped: set up before a test's leak check
+    looks)."""
+    if not runs_ray(request.module, request.session.items):
+        yield None
+        return
+    with warm_ray() as pool:
+        _RAY["pool"] = pool
+        try:
+            yield pool
+        finally:
+            _RAY["pool"] = None
+
+
+def _pool_pids():
+    pool = _RAY["pool"]
+    return pool.pids() if pool is not None else ()
 
 
 @pytest.fixture
@@ -153,7 +212,7 @@ def localhost_scheduler(_localcluster_marker):
 
 
 @pytest.fixture
-def any_session(request, _localcluster_marker):
+def any_session(request, _localcluster_ray, _localcluster_marker):
     """An open session of each installed kind (``--localcluster-sessions``
     narrows them), closed after the test."""
     session = _open(request.param)
@@ -184,7 +243,7 @@ def _localcluster_marker(request):
         if alarm is not None:
             alarm.cancel()
     if before is not None:
-        found = leaks_since(before)
+        found = leaks_since(before, keep=_pool_pids())
         if found:
             pytest.fail("the test left behind what a session makes:\n  "
                         + "\n  ".join(found), pytrace=False)

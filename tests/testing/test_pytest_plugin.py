@@ -4,6 +4,8 @@ plugin through the installed package's entry point."""
 
 import textwrap
 
+import pytest
+
 USER_TESTS = textwrap.dedent('''
     import os
     import time
@@ -90,6 +92,42 @@ LEAKY_TESTS = textwrap.dedent('''
     def test_too_slow():
         time.sleep(30)
 ''')
+
+
+RAY_TESTS = textwrap.dedent('''
+    import numpy as np
+    import pytest
+
+    from localcluster import Node, Task, TaskGroup, WorkspaceType, ops
+
+    PIDS = []
+
+    def group():
+        with TaskGroup(WorkspaceType.GLOBAL) as g:
+            with Node("a"), Task():
+                ops.Const(np.arange(3.0), name="x")
+        return g
+
+    @pytest.mark.localcluster(leak_check=True, timeout=60)
+    @pytest.mark.parametrize("example", range(3))
+    def test_each_example_gets_a_fresh_node(any_session, example):
+        assert any_session.blobs("a") == []
+        any_session.run(group())
+        assert any_session.fetch_blob("x", "a").tolist() == [0, 1, 2]
+        PIDS.append(any_session.node_pids()["a"])
+
+    def test_the_module_shared_one_warm_actor():
+        assert len(PIDS) == 3 and len(set(PIDS)) == 1
+''')
+
+
+def test_any_session_under_ray_shares_warm_actors_in_a_module(pytester):
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    pytester.makepyfile(test_on_ray=RAY_TESTS)
+    result = pytester.runpytest_subprocess(
+        "-q", "--strict-markers", "-p", "no:cacheprovider",
+        "--localcluster-sessions", "ray")
+    result.assert_outcomes(passed=4)
 
 
 def test_fixtures_give_open_sessions_of_each_kind_closed_after(pytester):
