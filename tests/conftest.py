@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, settings
 
 from localcluster import LocalHostScheduler, LocalSession
 from localcluster.testing.pytest_plugin import (Snapshot, leaks_since,
-                                                live_children, runs_ray,
+                                                live_children, on_ray,
+                                                runs_ray,
                                                 session_kinds, warm_ray)
 
 pytest_plugins = ["pytester"]
@@ -32,7 +33,7 @@ settings.load_profile(os.environ.get(
     "HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 #: the Ray session's warm actors for the module running now (see ray_pool)
-RAY = {"pool": None}
+RAY = {"pool": None, "own": set()}
 
 
 def _ray_session(*args, **kwargs):
@@ -56,7 +57,7 @@ def pytest_collection_modifyitems(config, items):
     dropped = []
     for item in items:
         marker = item.get_closest_marker("not_on_ray")
-        if marker is None or "ray" not in _params(item).values():
+        if marker is None or not on_ray(item):
             continue
         assert marker.kwargs.get("reason") or marker.args, \
             f"{item.nodeid}: not_on_ray needs a reason"
@@ -65,10 +66,6 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=dropped)
         gone = set(map(id, dropped))
         items[:] = [item for item in items if id(item) not in gone]
-
-
-def _params(item):
-    return getattr(getattr(item, "callspec", None), "params", {})
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -81,15 +78,20 @@ def ray_pool(request):
         return
     with warm_ray(num_cpus=2, log_to_driver=False) as pool:
         RAY["pool"] = pool
+        RAY["own"] = set(live_children())   # Ray's processes, up for now
         try:
             yield pool
         finally:
             RAY["pool"] = None
+            RAY["own"] = set()
 
 
 def child_processes():
-    """Our live child processes (zombies and multiprocessing helpers aside)."""
-    return list(live_children().values())
+    """Our live child processes (zombies, multiprocessing's helpers, the
+    module's Ray and its pool's idle actors aside)."""
+    pool = RAY["pool"]
+    keep = RAY["own"] | (pool.pids() if pool is not None else set())
+    return [p for pid, p in live_children().items() if pid not in keep]
 
 
 @pytest.fixture(params=sorted(SESSION_KINDS))

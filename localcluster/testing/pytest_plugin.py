@@ -45,7 +45,7 @@ import psutil
 import pytest
 
 __all__ = ["session_kinds", "Snapshot", "leaks_since", "live_children",
-           "warm_ray", "runs_ray"]
+           "warm_ray", "runs_ray", "on_ray"]
 
 #: seconds a child process a test left gets to exit before it counts
 EXIT_GRACE = 2.0
@@ -165,9 +165,14 @@ def warm_ray(**ray_init_kwargs):
 def runs_ray(module, items):
     """Whether a test of ``module`` among ``items`` is parametrised with
     the ray kind."""
-    return any(getattr(item, "module", None) is module and "ray" in getattr(
-        getattr(item, "callspec", None), "params", {}).values()
-        for item in items)
+    return any(getattr(item, "module", None) is module and on_ray(item)
+               for item in items)
+
+
+def on_ray(item):
+    """Whether test ``item`` is parametrised with the ray kind."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(isinstance(v, str) and v == "ray" for v in params.values())
 
 
 @pytest.fixture(scope="module")
