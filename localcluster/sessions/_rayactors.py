@@ -4,8 +4,8 @@
 
     NodeActor (max_concurrency=2: a cancel arrives during a run)
       runtime: NodeRuntime(name, channel_factory=actor_channels, faults)
-      run(rid, plan id, plan bytes | None, trace, epoch, channels)
-          -> ("ok", {outputs, seconds, trace}) | ("error", error_info)
+      run((rid, plan id, plan bytes | None, trace, epoch, channels))
+          -> ("ok", outputs, trace) | ("error", error_info)
       cancel(rid) / fetch / feed / blobs / has
       reset(name, faults, book) -> pid: a pooled actor becomes another
           node, with an empty workspace and no plans
@@ -67,7 +67,10 @@ class NodeActor:
         on another machine."""
         return process_stats()
 
-    def run(self, rid, plan_id, plan_bytes, trace, epoch, channels):
+    def run(self, request):
+        """``request``: ``(rid, plan id, plan bytes or None, trace, epoch,
+        channels)`` -- one argument, as Ray serializes each separately."""
+        rid, plan_id, plan_bytes, trace, epoch, channels = request
         try:
             if plan_bytes is not None:
                 try:
@@ -81,8 +84,7 @@ class NodeActor:
                                       epoch=epoch)
         except BaseException as exc:  # noqa: BLE001 - sent to the driver
             return ("error", P.error_info(exc))
-        return ("ok", {"outputs": result.outputs, "seconds": result.seconds,
-                       "trace": result.trace})
+        return ("ok", result.outputs, result.trace)
 
     def cancel(self, rid):
         self.runtime.cancel(rid)

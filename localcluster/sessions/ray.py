@@ -75,6 +75,9 @@ log = logging.getLogger(__name__)
 CANCEL_GRACE = 1.0
 #: seconds a fetch/feed/blobs request may take
 REQUEST_TIMEOUT = 60.0
+#: seconds the driver waits for all of a run's nodes at once before it
+#: waits for the first (a failure is seen this much later at most)
+GATHER = 0.005
 #: seconds a node's actor may take to start (placement included)
 START_TIMEOUT = 120.0
 
@@ -321,8 +324,9 @@ class RaySession(Session):
         for plan, node in zip(plans, nodes):
             plan_id, payload, _ = prepared[plan.node]
             send = payload if must_send(node.plans, plan_id) else None
-            ref = node.actor.run.remote(rid, plan_id, send, self.trace_steps,
-                                        self.current_epoch, channels)
+            request = (rid, plan_id, send, self.trace_steps,
+                       self.current_epoch, channels)
+            ref = node.actor.run.remote(request)
             refs[ref] = plan.node
         io = _RayRunIO(self, refs)
         state = driver.start(list(refs.values()), rid, time.monotonic(),
@@ -413,31 +417,45 @@ class _RayRunIO(driver.RunIO):
     now = staticmethod(time.monotonic)
 
     def wait(self, timeout):
-        if not self.refs:
+        """The events of the nodes that finish within ``timeout``: a run's
+        nodes mostly finish together, so first up to GATHER seconds for
+        all of them (one call), then for the first of them."""
+        refs = list(self.refs)
+        if not refs:
             return []
-        ready, _ = ray.wait(list(self.refs), num_returns=1,
-                            timeout=timeout)
+        gather = GATHER if timeout is None else min(timeout, GATHER)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=gather)
         if not ready:
-            return []
-        ready, _ = ray.wait(list(self.refs), num_returns=len(self.refs),
-                            timeout=0)
-        return [self._event(ref) for ref in ready]
+            rest = None if timeout is None else timeout - gather
+            if rest is not None and rest <= 0:
+                return []
+            ready, _ = ray.wait(refs, num_returns=1, timeout=rest)
+            if not ready:
+                return []
+            if len(refs) > 1:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        try:   # the replies of the ready nodes in one call
+            replies = ray.get(ready)
+        except ray.exceptions.RayActorError:
+            replies = [None] * len(ready)   # one by one: who died
+        return [self._event(ref, reply) for ref, reply in zip(ready, replies)]
 
-    def _event(self, ref):
+    def _event(self, ref, reply=None):
         node = self.refs.pop(ref)
         try:
-            kind, payload = ray.get(ref)
+            reply = reply if reply is not None else ray.get(ref)
         except ray.exceptions.RayActorError as exc:
             return (driver.DIED, node, self.session._died(node, exc))
-        if kind == "error":
-            error = P.rebuild_error(node, payload)
+        if reply[0] == "error":
+            error = P.rebuild_error(node, reply[1])
             if isinstance(error, PlanError):
                 error = unimportable(error, self.session._by_reference)
             return (driver.FAILED, node, error)
+        _, outputs, trace = reply
         self.session._node_done(node)
-        if payload.get("trace") is not None:
-            self.session.last_run_trace[node] = payload["trace"]
-        return (driver.DONE, node, payload["outputs"])
+        if trace is not None:
+            self.session.last_run_trace[node] = trace
+        return (driver.DONE, node, outputs)
 
     def cancel(self, nodes, rid):
         for name in nodes:
