@@ -14,6 +14,7 @@ alternating blocks so that drift hits them alike.
 
 The exit status is 0 even when a target FAILs (this is a report) unless
 ``--strict`` is given; it is 2 if a measurement could not be made.
+RaySession's rows (bench_ray.py) are skipped where Ray is not installed.
 """
 
 import argparse
@@ -43,6 +44,7 @@ from localcluster import (LocalHostScheduler,  # noqa: E402
                           NetBuilder, Node, NodeFailedError, Queue, Task,
                           TaskGroup, WorkspaceType, ops, pipe,
                           to_execution_step)
+import bench_ray  # noqa: E402 - RaySession's rows; imports Ray only to run
 
 FORK = multiprocessing.get_context("fork")
 MiB = 1 << 20
@@ -100,10 +102,11 @@ class Row:
     baseline: float      # seconds
     limit: float = None
     strict: bool = False  # ratio < limit rather than <=
+    unmeasured: str = None  # "skipped"/"error": no figures, why in label
 
     @property
     def ratio(self):
-        return self.ours / self.baseline
+        return None if self.unmeasured else self.ours / self.baseline
 
     @property
     def target(self):
@@ -113,8 +116,8 @@ class Row:
 
     @property
     def status(self):
-        if self.limit is None:
-            return "info"
+        if self.unmeasured or self.limit is None:
+            return self.unmeasured or "info"
         ok = self.ratio < self.limit if self.strict else \
             self.ratio <= self.limit
         return "PASS" if ok else "FAIL"
@@ -588,7 +591,8 @@ def measure_checkpoints(cfg):
 
 MEASUREMENTS = [measure_dispatch, measure_fetch, measure_startup,
                 measure_sigkill, measure_op_loop, measure_queues,
-                measure_checkpoints]
+                measure_checkpoints,
+                bench_ray.measurement(sys.modules[__name__])]
 
 
 # -- leaks ------------------------------------------------------------------------
@@ -629,8 +633,9 @@ def fmt_number(x):
 
 def print_table(rows, out=sys.stdout):
     header = ("measurement", "ours", "baseline", "ratio", "target", "result")
-    lines = [(r.label, fmt_seconds(r.ours), fmt_seconds(r.baseline),
-              fmt_number(r.ratio), r.target, r.status) for r in rows]
+    lines = [(r.label, "-", "-", "-", r.target, r.status) if r.unmeasured
+             else (r.label, fmt_seconds(r.ours), fmt_seconds(r.baseline),
+                   fmt_number(r.ratio), r.target, r.status) for r in rows]
     widths = [max(len(line[i]) for line in [header] + lines)
               for i in range(len(header))]
 
@@ -670,6 +675,7 @@ def main(argv=None):
             print(f"{measure.__name__} failed:\n{traceback.format_exc()}",
                   file=sys.stderr)
     print_table(rows)
+    errors += [r.key for r in rows if r.status == "error"]
 
     leaks = leftovers()
     for what, items in leaks.items():
@@ -682,7 +688,7 @@ def main(argv=None):
                        "cpus": os.cpu_count(),
                        "results": [r.as_json() for r in rows],
                        "errors": errors, "leaks": leaks}, f, indent=2)
-    if errors or any(not math.isfinite(r.ratio) for r in rows):
+    if errors or any(not math.isfinite(r.ratio or 0) for r in rows):
         return 2
     failed = any(r.status == "FAIL" for r in rows) or any(leaks.values())
     return 1 if args.strict and failed else 0
