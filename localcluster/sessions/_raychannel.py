@@ -1,13 +1,37 @@
-"""Queues between nodes under RaySession: a channel actor per queue.
+"""Queues between nodes under RaySession: a channel actor per queue,
+records moved in batches.
 
 ::
 
-    writer node (actor)                 ChannelActor (async)        reader node
-      RayChannel.put(record) -- put --> deque (capacity), closed
-                                        waits: asyncio.Condition
-                                                  <-- get(n) --  RayChannel.get
+    writer node (actor)                ChannelActor (async)      reader node
+      RayChannel.put(record)           deque (capacity), closed
+        copy -> pending (<= capacity)
+        flusher thread: all pending
+          -- put_many(batch) ------->  appends as room frees
+                                            <-- get_many(need, most) --
+                                       >= need records (or closed):   |
+                                       up to `most` of them ---------> inbox
+                                                     RayChannel.get(n): from
+                                                     the inbox, n at a time
       a cancelled run: the node's ChannelHub aborts its channels -> abort()
       wakes every waiter, which answers "aborted": the node raises Cancelled
+
+One remote call per record each way cost about a millisecond a record.
+Now a writer's `put` copies the record into a local buffer and returns;
+a flusher thread sends everything buffered in one call while the next
+records gather, so a batch is as large as what came during the last call
+(latency: one round trip) and the writer is never more than about two
+capacities ahead of the readers (its buffer, and the channel).  A reader
+asks for the records it needs and takes up to BATCH that are there, kept
+for its next `get`s.  `close()` (the writer's commit) first waits until
+what the writer buffered is in the channel, so readers see every record
+before the end.
+
+What a reader took and did not read by the end of its run is dropped with
+the run, as every channel's records are (channels start empty every
+run); with several readers of one queue, records one reader took are not
+seen by another -- a reader that stops early (a limit) may leave the
+others fewer records than a shared in-process queue would.
 
 The session makes one channel actor per cross-node queue (and capacity),
 resets it -- empty, open, not aborted -- before every run that uses it,
@@ -15,14 +39,12 @@ and hands the run ``{queue id: actor handle}``; a node wraps the handle in
 a `RayChannel`, which has `LocalChannel`'s interface.  A reader whose
 writer died is never left waiting: the driver cancels the run's other
 nodes, their hubs abort the channel, and the reader's wait ends.
-
-Each record is one call each way (not batched yet); records are copied
-out of Ray's object store on the reader's side, so the workspace owns
-what it stores.
 """
 
 import asyncio
 import collections
+import os
+import threading
 
 import numpy as np
 import ray
@@ -31,7 +53,10 @@ from ..errors import Cancelled
 from ..runtime.clock import REAL_TIME
 from ..runtime.host import local_channels
 
-__all__ = ["ChannelActor", "RayChannel", "actor_channels"]
+__all__ = ["ChannelActor", "RayChannel", "actor_channels", "BATCH"]
+
+#: records a reader takes at most in one call
+BATCH = 256
 
 
 class ChannelActor:
@@ -45,39 +70,55 @@ class ChannelActor:
         self._closed = False
         self._aborted = False
         self._cond = None
+        self._run = None      # the run it serves: a late batch of an
+                              # earlier run is refused, not queued
 
     def _condition(self):
         if self._cond is None:   # made on the actor's event loop
             self._cond = asyncio.Condition()
         return self._cond
 
-    async def reset(self):
+    async def reset(self, run, capacity=None, name=None):
+        """Empty and open, for run ``run`` (of queue ``name`` holding
+        ``capacity`` records: an actor from a pool serves any queue)."""
         async with self._condition():
+            if capacity is not None:
+                self.capacity, self.name = max(1, int(capacity)), name
             self._items.clear()
             self._closed = self._aborted = False
+            self._run = run
             self._cond.notify_all()
+        return os.getpid()
 
-    async def put(self, record):
+    async def put_many(self, records, run):
+        """Append ``records`` of run ``run`` as room frees: "ok", "closed"
+        or "aborted"."""
         cond = self._condition()
+        records = collections.deque(records)
         async with cond:
-            await cond.wait_for(lambda: self._closed or self._aborted or
-                                len(self._items) < self.capacity)
-            if self._aborted:
-                return "aborted"
-            if self._closed:
-                return "closed"
-            self._items.append(record)
-            cond.notify_all()
+            while records:
+                await cond.wait_for(lambda: self._closed or self._aborted or
+                                    run != self._run or
+                                    len(self._items) < self.capacity)
+                if self._aborted or run != self._run:
+                    return "aborted"
+                if self._closed:
+                    return "closed"
+                while records and len(self._items) < self.capacity:
+                    self._items.append(records.popleft())
+                cond.notify_all()
             return "ok"
 
-    async def get(self, n):
+    async def get_many(self, need, most):
+        """Once ``need`` records are here (or the queue is closed): up to
+        ``most`` of them, as ``(status, records)``."""
         cond = self._condition()
         async with cond:
             await cond.wait_for(lambda: self._closed or self._aborted or
-                                len(self._items) >= n)
+                                len(self._items) >= need)
             if self._aborted:
                 return "aborted", []
-            take = min(n, len(self._items))
+            take = min(max(need, most), len(self._items))
             records = [self._items.popleft() for _ in range(take)]
             cond.notify_all()
             return "ok", records
@@ -96,9 +137,16 @@ class ChannelActor:
 class RayChannel:
     """A node's end of a `ChannelActor`: `LocalChannel`'s interface."""
 
-    def __init__(self, handle, name):
+    def __init__(self, handle, run, name, capacity):
         self._handle = handle
+        self._run = run
         self.name = name
+        self._capacity = max(1, int(capacity))
+        self._cond = threading.Condition()
+        self._pending = collections.deque()   # put, not yet sent
+        self._sending = False                 # the flusher runs
+        self._state = None                    # None, "closed", "aborted"
+        self._inbox = collections.deque()     # taken, not yet handed out
 
     def __repr__(self):
         return f"RayChannel({self.name!r})"
@@ -106,37 +154,91 @@ class RayChannel:
     def _cancelled(self):
         raise Cancelled(f"queue {self.name!r}: the run was cancelled")
 
+    # -- writing --------------------------------------------------------------
+
     def put(self, record, cancelled=None, clock=REAL_TIME):
-        if cancelled is not None and cancelled.is_set():
-            self._cancelled()
-        # the call serializes the record at once: the writer's blobs may
-        # change after it
-        status = ray.get(self._handle.put.remote(tuple(record)))
-        if status == "aborted":
-            self._cancelled()
-        return status == "ok"
+        # the writer's blobs change after this: the channel keeps a copy
+        copy = tuple(np.array(f, copy=True) for f in record)
+        with self._cond:
+            clock.wait(self._cond, until=lambda: (
+                self._state is not None or
+                len(self._pending) < self._capacity or
+                (cancelled is not None and cancelled.is_set())),
+                what=f"room in queue {self.name!r}")
+            if self._state == "aborted" or \
+                    (cancelled is not None and cancelled.is_set()):
+                self._cancelled()
+            if self._state == "closed":
+                return False
+            self._pending.append(copy)
+            if not self._sending:
+                self._sending = True
+                threading.Thread(target=self._flush, daemon=True,
+                                 name=f"queue {self.name} flusher").start()
+            return True
+
+    def _flush(self):
+        """Send what is pending, a batch a call, until nothing is."""
+        while True:
+            with self._cond:
+                if not self._pending or self._state is not None:
+                    self._sending = False
+                    self._cond.notify_all()
+                    return
+                batch = list(self._pending)
+                self._pending.clear()
+                self._cond.notify_all()     # room for the writer
+            try:
+                status = ray.get(self._handle.put_many.remote(
+                    batch, self._run))
+            except ray.exceptions.RayError:
+                status = "aborted"          # the channel actor is gone
+            if status != "ok":
+                with self._cond:
+                    self._state = self._state or status
+                    self._pending.clear()
+
+    def close(self):
+        """Close the queue once what this writer put is in it."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._sending or
+                                self._state is not None)
+            if self._state == "aborted":
+                self._cancelled()
+        ray.get(self._handle.close.remote())
+
+    def abort(self):
+        with self._cond:
+            self._state = "aborted"
+            self._pending.clear()
+            self._cond.notify_all()
+        self._handle.abort.remote()   # wakes every waiter; not waited for
+
+    # -- reading --------------------------------------------------------------
 
     def get(self, n, cancelled=None, clock=REAL_TIME):
         if cancelled is not None and cancelled.is_set():
             self._cancelled()
-        status, records = ray.get(self._handle.get.remote(max(1, int(n))))
-        if status == "aborted":
-            self._cancelled()
-        records = [tuple(np.array(f, copy=True) for f in r) for r in records]
+        n = max(1, int(n))
+        if len(self._inbox) < n:
+            status, records = ray.get(self._handle.get_many.remote(
+                n - len(self._inbox), BATCH))
+            if status == "aborted":
+                self._cancelled()
+            # Ray hands arrays over as read-only views of its object
+            # store: the workspace gets arrays of its own
+            self._inbox.extend(tuple(np.array(f, copy=True) for f in r)
+                               for r in records)
+        records = [self._inbox.popleft()
+                   for _ in range(min(n, len(self._inbox)))]
         return records, not records, None
-
-    def close(self):
-        ray.get(self._handle.close.remote())
-
-    def abort(self):
-        self._handle.abort.remote()   # wakes every waiter; not waited for
 
 
 def actor_channels(queue_id, capacity, context):
     """A node actor's channel factory: the run's channel actor for a queue
     between nodes, an in-process channel for one within the node."""
     remote, local = context if context is not None else ({}, {})
-    handle = remote.get(queue_id)
-    if handle is not None:
-        return RayChannel(handle, str(queue_id))
+    found = remote.get(queue_id)     # (channel actor, run id)
+    if found is not None:
+        return RayChannel(found[0], found[1], str(queue_id), capacity)
     return local_channels(queue_id, capacity, local)

@@ -7,11 +7,12 @@ many; Ray places the actor, the ids are not pinned), ``memory_limit`` ->
 ``resources`` -> ``num_cpus``/``num_gpus``/``resources``, ``placement``
 (a Ray node id, or ``{label: value}``) -> a hard scheduling strategy.
 `check_placeable` refuses, before any actor starts, a node the cluster
-can never hold.  Plans pickle the user's own modules by value, so a job
-defined in ``__main__`` or a test module reaches workers that cannot
-import it.
+can never hold.  `connect` initialises Ray for a session.  Plans pickle
+the user's own modules by value, so a job defined in ``__main__`` or a
+test module reaches workers that cannot import it.
 """
 
+import os
 import re
 import sys
 import sysconfig
@@ -20,8 +21,24 @@ import ray
 
 from ..errors import PlanError
 
-__all__ = ["actor_options", "options_key", "check_placeable",
+__all__ = ["connect", "actor_options", "options_key", "check_placeable",
            "dumps_by_value", "unimportable"]
+
+
+def connect(address=None, namespace=None, **ray_init_kwargs):
+    """Initialise Ray in this process unless it is: connect to
+    ``address``, or with None start a local instance sized to this
+    machine.  True if that started a local instance (its starter shuts
+    it down)."""
+    if ray.is_initialized():
+        return False
+    kwargs = {"include_dashboard": False, "log_to_driver": True,
+              "configure_logging": False}
+    if address is None:
+        kwargs["num_cpus"] = os.cpu_count()
+    kwargs.update(ray_init_kwargs)
+    ray.init(address=address, namespace=namespace, **kwargs)
+    return address is None
 
 
 def dumps_by_value(obj, protocol, by_reference=None):

@@ -41,7 +41,6 @@ import collections
 import functools
 import itertools
 import logging
-import os
 import time
 
 import numpy as np
@@ -62,8 +61,8 @@ from . import driver
 from ._prepare import Prepared, must_send
 from ._rayactors import BookActor, NodeActor
 from ._raychannel import ChannelActor
-from ._rayoptions import (actor_options, check_placeable, dumps_by_value,
-                          options_key, unimportable)
+from ._rayoptions import (actor_options, check_placeable, connect,
+                          dumps_by_value, options_key, unimportable)
 from ._raypool import ActorPool
 from .base import Session
 
@@ -292,9 +291,10 @@ class RaySession(Session):
             ray.shutdown()
 
     def _give_back(self):
-        """Hand every live node actor (and the fault book) back to the
-        pool, its workspace dropped -- waited for: an actor's two
-        threads may run a later session's reset first."""
+        """Hand every live node actor (and the queues' channel actors,
+        the fault book) to the pool, its workspace dropped -- waited
+        for: an actor's two threads may run a later session's reset
+        first."""
         nodes = list(self._nodes.values())
         refs = [n.actor.reset.remote(f"idle ({n.name})") for n in nodes]
         for node, ref in zip(nodes, refs):
@@ -304,22 +304,30 @@ class RaySession(Session):
                 continue
             self._pool.give("node", node.key, node.actor, node.pid)
             self._nodes.pop(node.name)
+        # the others: reset answers with the pid the pool keeps
+        others = [("channel", key, h, h.reset.remote(None))
+                  for key, h in self._queue_actors.items()]
         if self._book is not None:
-            try:   # a pool knows its actors' pids
-                pid = ray.get(self._book.reset.remote(0),
-                              timeout=REQUEST_TIMEOUT)
+            others.append(("book", None, self._book,
+                           self._book.reset.remote(0)))
+        for kind, key, handle, ref in others:
+            try:
+                pid = ray.get(ref, timeout=REQUEST_TIMEOUT)
             except Exception:  # noqa: BLE001 - dead or stuck: not kept
-                return
-            self._pool.give("book", (), self._book, pid)
-            self._book = None
+                continue
+            self._pool.give(kind, (), handle, pid)
+            if kind == "book":
+                self._book = None
+            else:
+                del self._queue_actors[key]
 
     # -- running --------------------------------------------------------------
 
     def _run_plans(self, plans, timeout):
         prepared, shared = self._prepared(plans)
-        channels = self._channels_for(shared)
-        nodes = self._ensure({p.node: p.node_kwargs for p in plans})
         rid = next(self._rids)
+        channels = self._channels_for(shared, rid)
+        nodes = self._ensure({p.node: p.node_kwargs for p in plans})
         refs = {}
         for plan, node in zip(plans, nodes):
             plan_id, payload, _ = prepared[plan.node]
@@ -333,20 +341,24 @@ class RaySession(Session):
                              timeout)
         return driver.drive(state, io, CANCEL_GRACE, timeout)
 
-    def _channels_for(self, shared):
-        """``{queue id: channel actor}`` of the run's cross-node queues
-        (``{queue id: capacity}``), each made on first use and reset --
-        empty and open -- for the run."""
+    def _channels_for(self, shared, rid):
+        """``{queue id: (channel actor, rid)}`` of the run's cross-node
+        queues (``{queue id: capacity}``), each made (or taken from the
+        pool) on first use and reset -- empty and open -- for run
+        ``rid``."""
         channels = {}
         for queue, capacity in shared.items():
             handle = self._queue_actors.get((queue, capacity))
             if handle is None:
+                handle = self._pooled("channel", 0, capacity, str(queue))
+            if handle is None:
                 handle = self._channel_class.options(num_cpus=0).remote(
                     capacity, str(queue))
-                self._queue_actors[(queue, capacity)] = handle
-            channels[queue] = handle
+            self._queue_actors[(queue, capacity)] = handle
+            channels[queue] = (handle, rid)
         if channels:
-            ray.get([h.reset.remote() for h in channels.values()],
+            ray.get([h.reset.remote(rid, cap, str(q)) for (q, cap), h in
+                     self._queue_actors.items() if q in channels],
                     timeout=REQUEST_TIMEOUT)
         return channels
 
@@ -389,22 +401,6 @@ class RaySession(Session):
     def has_blob(self, name, node="local"):
         self._check_open()
         return bool(self._call(node, "has", str(name)))
-
-
-def connect(address=None, namespace=None, **ray_init_kwargs):
-    """Initialise Ray in this process unless it is: connect to
-    ``address``, or with None start a local instance sized to this
-    machine.  True if that started a local instance (its starter shuts
-    it down)."""
-    if ray.is_initialized():
-        return False
-    kwargs = {"include_dashboard": False, "log_to_driver": True,
-              "configure_logging": False}
-    if address is None:
-        kwargs["num_cpus"] = os.cpu_count()
-    kwargs.update(ray_init_kwargs)
-    ray.init(address=address, namespace=namespace, **kwargs)
-    return address is None
 
 
 class _RayRunIO(driver.RunIO):
