@@ -121,6 +121,7 @@ class RaySession(Session):
         self._placeable = set()  # option keys check_placeable passed
         self._kwargs = {}        # node -> its options, kept past a death
         self._rids = itertools.count(1)
+        self._started_at = time.time()
         # plans pickle the user's functions by value: a job defined in
         # __main__ or a test module reaches actors that cannot import it
         self._by_reference = {}   # module -> functions pickled by name
@@ -342,10 +343,12 @@ class RaySession(Session):
         return driver.drive(state, io, CANCEL_GRACE, timeout)
 
     def _channels_for(self, shared, rid):
-        """``{queue id: (channel actor, rid)}`` of the run's cross-node
+        """``{queue id: (channel actor, run)}`` of the run's cross-node
         queues (``{queue id: capacity}``), each made (or taken from the
-        pool) on first use and reset -- empty and open -- for run
-        ``rid``."""
+        pool) on first use and reset -- empty and open -- for the run
+        (``run``: this session's run ``rid``, unlike any other session's:
+        a pooled channel actor refuses a late batch of any earlier run)."""
+        run = (id(self), self._started_at, rid)
         channels = {}
         for queue, capacity in shared.items():
             handle = self._queue_actors.get((queue, capacity))
@@ -355,9 +358,9 @@ class RaySession(Session):
                 handle = self._channel_class.options(num_cpus=0).remote(
                     capacity, str(queue))
             self._queue_actors[(queue, capacity)] = handle
-            channels[queue] = (handle, rid)
+            channels[queue] = (handle, run)
         if channels:
-            ray.get([h.reset.remote(rid, cap, str(q)) for (q, cap), h in
+            ray.get([h.reset.remote(run, cap, str(q)) for (q, cap), h in
                      self._queue_actors.items() if q in channels],
                     timeout=REQUEST_TIMEOUT)
         return channels
