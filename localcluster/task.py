@@ -45,13 +45,12 @@ class Cluster(DefaultManaged):
     """The set of nodes a job uses, with each node's options."""
 
     def __init__(self):
-        self._nodes = []
+        self._nodes = {}   # names, in order of first registration
         self._node_kwargs = {}
 
     def add_node(self, node):
         name = str(node)
-        if name not in self._nodes:
-            self._nodes.append(name)
+        self._nodes.setdefault(name, None)
         merged = dict(self._node_kwargs.get(name, {}))
         merged.update(node.kwargs())
         self._node_kwargs[name] = merged
@@ -64,8 +63,13 @@ class Cluster(DefaultManaged):
         """``{node name: kwargs}`` (see `NODE_OPTIONS`)."""
         return {k: dict(v) for k, v in self._node_kwargs.items()}
 
+    def kwargs_of(self, name):
+        """Node ``name``'s options (a copy; ``{}`` if it has none): one
+        node's, where a task needs them -- not every node's per task."""
+        return dict(self._node_kwargs.get(name, {}))
+
     def __repr__(self):
-        return f"Cluster(nodes={self._nodes})"
+        return f"Cluster(nodes={list(self._nodes)})"
 
 
 class Node(DefaultManaged):
@@ -158,7 +162,7 @@ class Task(Managed):
         # The node's options (cpus, memory_limit, env) as registered where
         # the task was built: they travel with the plan to the session.
         self._init(node, group, _unique_task_name(node, group, name or "task"),
-                   Cluster.current().node_kwargs().get(node, {}),
+                   Cluster.current().kwargs_of(node),
                    num_instances, workspace_type)
         if step is not None:
             self.set_step(step)
@@ -301,7 +305,7 @@ class Task(Managed):
 def _unique_task_name(node, group, name):
     base = f"{node}/{name}"
     if group is not None:
-        used = {t.name for t in group._all_tasks()}
+        used = group._names
         candidate, i = base, 0
         while candidate in used:
             i += 1
@@ -320,6 +324,8 @@ class TaskGroup(Managed):
         self._workspace_type = as_workspace_type(workspace_type, "TaskGroup")
         self._tasks = []
         self._tasks_to_add = []
+        self._members = set()  # ids of the tasks of both lists
+        self._names = set()    # their names (a new task's must differ)
         self._report_steps = []
         self._report_nets = {}
         self._remote_nets = []
@@ -355,15 +361,15 @@ class TaskGroup(Managed):
                 WorkspaceType.PRIVATE
         if self._workspace_type is None:
             self._workspace_type = task._workspace_type
-        if task not in self._tasks_to_add and task not in self._tasks:
+        if id(task) not in self._members:
+            self._members.add(id(task))
+            self._names.add(task.name)
             self._tasks_to_add.append(task)
         task.group = self
         return task
 
     def tasks(self):
-        for t in self._tasks_to_add:
-            if t not in self._tasks:
-                self._tasks.append(t)
+        self._tasks += self._tasks_to_add   # add() keeps them apart
         self._tasks_to_add = []
         return list(self._tasks)
 
