@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Measure the performance targets of DESIGN.md ("Performance targets").
+"""Measure the project's performance targets.
 
 Every target is a *ratio* against a baseline measured in the same run (or
 against the fixed bound the design states), so a noisy machine moves both
@@ -45,6 +45,7 @@ from localcluster import (LocalHostScheduler,  # noqa: E402
                           TaskGroup, WorkspaceType, ops, pipe,
                           to_execution_step)
 import bench_ray  # noqa: E402 - RaySession's rows; imports Ray only to run
+import bench_scale  # noqa: E402 - growth with the number of nodes
 
 FORK = multiprocessing.get_context("fork")
 MiB = 1 << 20
@@ -103,6 +104,7 @@ class Row:
     limit: float = None
     strict: bool = False  # ratio < limit rather than <=
     unmeasured: str = None  # "skipped"/"error": no figures, why in label
+    unit: str = "s"       # or "B": ours and baseline are bytes
 
     @property
     def ratio(self):
@@ -126,7 +128,7 @@ class Row:
         return {"key": self.key, "label": self.label, "ours_s": self.ours,
                 "baseline_s": self.baseline, "ratio": self.ratio,
                 "target": None if self.limit is None else self.target,
-                "status": self.status}
+                "status": self.status, "unit": self.unit}
 
 
 # -- timing -----------------------------------------------------------------------
@@ -592,7 +594,8 @@ def measure_checkpoints(cfg):
 MEASUREMENTS = [measure_dispatch, measure_fetch, measure_startup,
                 measure_sigkill, measure_op_loop, measure_queues,
                 measure_checkpoints,
-                bench_ray.measurement(sys.modules[__name__])]
+                bench_ray.measurement(sys.modules[__name__]),
+                bench_scale.measurement(sys.modules[__name__])]
 
 
 # -- leaks ------------------------------------------------------------------------
@@ -633,8 +636,9 @@ def fmt_number(x):
 
 def print_table(rows, out=sys.stdout):
     header = ("measurement", "ours", "baseline", "ratio", "target", "result")
+    fmt = {"s": fmt_seconds, "B": lambda b: f"{fmt_number(b / MiB)} MiB"}
     lines = [(r.label, "-", "-", "-", r.target, r.status) if r.unmeasured
-             else (r.label, fmt_seconds(r.ours), fmt_seconds(r.baseline),
+             else (r.label, fmt[r.unit](r.ours), fmt[r.unit](r.baseline),
                    fmt_number(r.ratio), r.target, r.status) for r in rows]
     widths = [max(len(line[i]) for line in [header] + lines)
               for i in range(len(header))]

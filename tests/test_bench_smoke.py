@@ -17,6 +17,8 @@ MEASUREMENTS = {
     "fetch_copy_vs_pickle", "fetch_zero_copy_vs_pickle", "startup_16",
     "startup_16_vs_fork", "sigkill_detection", "op_loop", "queue_small",
     "queue_big_memcpy", "queue_big_mpq", "ckpt_save", "ckpt_load",
+    # scale (scripts/bench_scale.py), at the quick run's sizes
+    "build_10_100", "build_100_1000", "startup_16_64", "idle_uss_64",
 }
 #: RaySession's rows (scripts/bench_ray.py): measured where Ray is
 #: installed, reported as skipped elsewhere
