@@ -1,4 +1,4 @@
-"""Every error path of the public API (API.md sections 2-4): the exception
+"""Every error path of the public API: the exception
 class a user catches and a fragment of the message that tells them what
 went wrong.
 

@@ -1,4 +1,4 @@
-"""Data pipelines: datasets, readers, queues and pipe() (API.md section 6)."""
+"""Data pipelines: datasets, readers, queues and pipe()."""
 
 import math
 

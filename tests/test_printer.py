@@ -1,5 +1,5 @@
 """`printer.to_string` (readable plans) and `printer.analyze` (static
-checks) -- API.md section 7."""
+checks)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""The public surface is exactly the intended one (API.md)."""
+"""The public surface is exactly the intended one."""
 
 import localcluster
 from localcluster import errors

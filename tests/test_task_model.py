@@ -1,4 +1,4 @@
-"""The task model (API.md sections 2-4): Cluster, Node, Task, TaskGroup,
+"""The task model: Cluster, Node, Task, TaskGroup,
 outputs, setup blocks, reporters and the workspace semantics every session
 must honour.
 

@@ -1,4 +1,4 @@
-"""Numpy semantics of the built-in operators (API.md section 1).
+"""Numpy semantics of the built-in operators.
 
 Every op runs through a session -- built into a net, ``session.run(net)``,
 read back with ``session.fetch_blob`` -- and is compared with numpy, so

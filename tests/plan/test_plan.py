@@ -2,7 +2,7 @@
 
 Plans are pure data: these tests build them, check what is rejected at
 build time, pickle them, and run a few through every session kind to pin
-what the plan means (API.md sections 1 and 2).
+what the plan means.
 """
 
 import contextlib

@@ -1,4 +1,4 @@
-"""Session semantics every session kind must honour (API.md sections 3-4)."""
+"""Session semantics every session kind must honour."""
 
 import numpy as np
 import pytest

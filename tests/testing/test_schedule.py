@@ -1,4 +1,4 @@
-"""Deterministic schedules: LocalSession(schedule=...) (API.md section 8).
+"""Deterministic schedules: LocalSession(schedule=...).
 
 One branch of a run at a time, picked by a seeded generator, on a virtual
 clock: the same seed gives the same run, a replay repeats it, a race shows
