@@ -243,8 +243,9 @@ class RaySession(Session):
             ready, _ = ray.wait([ref], timeout=REQUEST_TIMEOUT)
             try:
                 ray.get(ready or ref, timeout=0)
-            except Exception:  # noqa: BLE001 - died idle: take another
+            except Exception:  # noqa: BLE001 - died idle, or stuck: killed
                 log.debug("a pooled node actor is gone", exc_info=True)
+                _kill(actor)
                 continue
             return _Node(name, actor, kwargs), ref
         actor = self._actor_class.options(**actor_options(kwargs)).remote(
