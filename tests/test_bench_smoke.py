@@ -18,15 +18,25 @@ MEASUREMENTS = {
     "startup_16_vs_fork", "sigkill_detection", "op_loop", "queue_small",
     "queue_big_memcpy", "queue_big_mpq", "ckpt_save", "ckpt_load",
     # scale (scripts/bench_scale.py), at the quick run's sizes
-    "build_10_100", "build_100_1000", "startup_16_64", "idle_uss_64",
+    "build_10_100", "build_100_1000", "startup_1_4", "startup_4_16",
+    "startup_16_64", "noop_run_1_4", "noop_run_4_16", "noop_run_16_64",
+    "idle_uss_64", "epoch_2_8",
 }
-#: RaySession's rows (scripts/bench_ray.py): measured where Ray is
-#: installed, reported as skipped elsewhere
+#: RaySession's rows (scripts/bench_ray.py) and ours beside Ray's
+#: (scripts/bench_peers.py): measured where Ray is installed, reported as
+#: skipped elsewhere
 RAY_MEASUREMENTS = {
     "ray_dispatch", "ray_startup", "ray_sigkill", "ray_fetch",
     "ray_queue_small", "ray_queue_small_mpq", "ray_queue_big",
+    "dispatch_vs_ray",
 }
+DASK_MEASUREMENTS = {"dispatch_vs_dask"}
+#: rows of 16-node start-ups, which a quick run skips
+QUICK_SKIPS = {"startup_16_vs_ray", "startup_16_vs_dask"}
+ALL = MEASUREMENTS | RAY_MEASUREMENTS | DASK_MEASUREMENTS | QUICK_SKIPS
 HAVE_RAY = importlib.util.find_spec("ray") is not None
+HAVE_DASK = importlib.util.find_spec("distributed") is not None
+PEERS = {"ray": HAVE_RAY, "dask": HAVE_DASK}
 
 
 def quick_run(tmp_path, env=None):
@@ -36,13 +46,36 @@ def quick_run(tmp_path, env=None):
         [sys.executable, str(BENCH), "--quick", "--json", str(out)],
         capture_output=True, text=True, timeout=110, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    (tmp_path / "bench.out").write_text(proc.stdout)
     return json.loads(out.read_text())
 
 
-def assert_skipped(r):
+def assert_skipped(r, why):
     assert r["status"] == "skipped", r
-    assert "pip install -e '.[ray]'" in r["label"], r
+    assert why in r["label"], r
     assert r["ours_s"] is r["baseline_s"] is r["ratio"] is None, r
+
+
+def peer_of(key):
+    """The peer a row needs, or None."""
+    if key in RAY_MEASUREMENTS:
+        return "ray"
+    if key in DASK_MEASUREMENTS:
+        return "dask"
+    return None
+
+
+def assert_figures(key, r):
+    for field in ("ours_s", "baseline_s", "ratio"):
+        value = r[field]
+        assert isinstance(value, (int, float)) and \
+            not isinstance(value, bool), (key, field, value)
+        assert math.isfinite(value) and value > 0, (key, field, value)
+    for side in ("ours", "baseline"):
+        stat = r[side]
+        assert stat["q1"] <= stat["median"] <= stat["q3"], (key, stat)
+        assert stat["spread"] >= 0, (key, stat)
+    assert r["status"] in {"PASS", "FAIL", "info"}, (key, r["status"])
 
 
 @pytest.mark.slow
@@ -50,34 +83,54 @@ def assert_skipped(r):
 def test_bench_quick_run_reports_every_measurement(tmp_path):
     report = quick_run(tmp_path)
     results = {r["key"]: r for r in report["results"]}
-    assert set(results) == MEASUREMENTS | RAY_MEASUREMENTS
+    assert set(results) == ALL
     for key, r in results.items():
-        if key in RAY_MEASUREMENTS and not HAVE_RAY:
-            assert_skipped(r)
-            continue
-        for field in ("ours_s", "baseline_s", "ratio"):
-            value = r[field]
-            assert isinstance(value, (int, float)) and \
-                not isinstance(value, bool), (key, field, value)
-            assert math.isfinite(value) and value > 0, (key, field, value)
-        assert r["status"] in {"PASS", "FAIL", "info"}, (key, r["status"])
+        peer = peer_of(key)
+        if peer and not PEERS[peer]:
+            assert_skipped(r, "pip install -e")
+        elif key in QUICK_SKIPS:
+            assert_skipped(r, "quick")
+        else:
+            assert_figures(key, r)
+    # the same work on every system: ours always, the peers where installed
+    peers = {(f["work"], f["system"]): f for f in report["peers"]}
+    assert len(peers) == 6 * 5, sorted(peers)
+    for (work, system), f in peers.items():
+        if work == "startup_16":
+            assert "quick" in f["skipped"], f
+        elif system in ("localhost", "local") or \
+                PEERS.get(system.replace("session", ""), True):
+            assert f["samples"] and all(x > 0 for x in f["samples"]), f
+            assert f["stat"]["median"] > 0, f
+        else:
+            assert "pip install -e" in f["skipped"], f
     assert report["errors"] == []
     assert report["leaks"] == {"processes": [], "segments": []}
+    assert "| measurement" in report_text(tmp_path)
+    assert "| work" in report_text(tmp_path)
+
+
+def report_text(tmp_path):
+    return (tmp_path / "bench.out").read_text()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-def test_bench_without_ray_reports_its_rows_skipped(tmp_path):
-    # a package named ray that fails to import hides the installed one
-    hidden = tmp_path / "hide" / "ray"
-    hidden.mkdir(parents=True)
-    (hidden / "__init__.py").write_text("raise ImportError('hidden')\n")
+def test_bench_without_the_peers_reports_their_rows_skipped(tmp_path):
+    # packages named ray and distributed that fail to import hide the
+    # installed ones
+    hide = tmp_path / "hide"
+    for name in ("ray", "distributed"):
+        (hide / name).mkdir(parents=True)
+        (hide / name / "__init__.py").write_text(
+            "raise ImportError('hidden')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(hidden.parent)] + [p for p in [os.environ.get("PYTHONPATH")]
-                                if p]))
+        [str(hide)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     report = quick_run(tmp_path, env)
     results = {r["key"]: r for r in report["results"]}
-    assert set(results) == MEASUREMENTS | RAY_MEASUREMENTS
-    for key in RAY_MEASUREMENTS:
-        assert_skipped(results[key])
+    assert set(results) == ALL
+    for key in RAY_MEASUREMENTS | DASK_MEASUREMENTS:
+        assert_skipped(results[key], "pip install -e")
+    for key in MEASUREMENTS:
+        assert_figures(key, results[key])
     assert report["errors"] == []
