@@ -16,16 +16,15 @@ pass the handles they wait for.
 
 import collections
 import enum
-import functools
 import logging
 import math
+import multiprocessing.process
 import os
 import select
 import signal
 import sys
 import threading
 import time
-import weakref
 
 import numpy as np
 
@@ -33,6 +32,7 @@ from ..errors import NodeFailedError
 from ..runtime import shm
 from . import _protocol as P
 from ._node import EXIT_MEMORY, NodeSpec, node_main
+from ._plumbing import MASTER_ENDS, close_master_ends
 
 __all__ = ["NodeState", "NodeHandle", "Poller", "wait_events", "CONN",
            "SENTINEL", "await_ready", "read_goodbyes", "join_all",
@@ -46,10 +46,6 @@ START_TIMEOUT = 30.0
 SHUTDOWN_STEP = 1.0
 
 CONN, SENTINEL = "conn", "sentinel"
-
-#: every live handle of this process, whatever scheduler made it: a forked
-#: node closes their pipe ends so that EOF reaches the nodes that need it
-_live = weakref.WeakSet()
 
 
 class NodeState(enum.Enum):
@@ -87,8 +83,7 @@ class NodeHandle:
     # -- start --------------------------------------------------------------
 
     @classmethod
-    def spawn(cls, ctx, name, prefix, kwargs, pump, extra_ends=(),
-              faults=None):
+    def spawn(cls, ctx, name, prefix, kwargs, pump, faults=None):
         """Start the node process; returns before it is ready.
         ``faults``: (the fault book's segment, the node's faults)."""
         handle = cls(name, prefix, dict(kwargs))
@@ -99,9 +94,8 @@ class NodeHandle:
         handle.control_word = np.ndarray(1, np.int64, buffer=handle.control)
         # A forked child closes its copies of every master-side pipe end --
         # its own included -- so that EOF reaches the nodes that need it.
-        inherited = (functools.partial(
-            _close_all_of, [h.conn for h in _live if h.conn is not None]
-            + list(extra_ends) + [master_conn, log_r]) if fork else None)
+        MASTER_ENDS.update((master_conn, log_r))
+        inherited = close_master_ends if fork else None
         spec = NodeSpec(name, prefix, handle.kwargs, os.getpid(),
                         pdeathsig=ctx.get_start_method() != "forkserver" and
                         threading.current_thread() is threading.main_thread(),
@@ -140,10 +134,17 @@ class NodeHandle:
         try:
             process.start()
             started = True
+            # The handle reaps its process itself: out of multiprocessing's
+            # list of children, which every Process.start polls with one
+            # waitpid per live child (quadratic in the nodes started).
+            multiprocessing.process._children.discard(process)
         finally:
             for sig, old in held.items():
                 signal.signal(sig, old)
             if not started:  # the start failed: the signal still counts
+                for end in (master_conn, log_r, node_conn, log_w):
+                    MASTER_ENDS.discard(end)
+                    end.close()
                 for sig in dict.fromkeys(deferred):
                     signal.raise_signal(sig)
         # Close our copies of the child's ends now, before the next fork,
@@ -157,7 +158,6 @@ class NodeHandle:
         handle.process, handle.conn, handle.pid = process, master_conn, \
             process.pid
         handle.log = pump.add(log_r, name)
-        _live.add(handle)
         log.debug("started node %r (pid %d)", name, process.pid)
         try:
             for sig in dict.fromkeys(deferred):  # the handlers run here
@@ -188,7 +188,7 @@ class NodeHandle:
         if self.process.is_alive():
             self.process.join(SHUTDOWN_STEP)
         self.state = NodeState.DEAD
-        _live.discard(self)
+        MASTER_ENDS.discard(self.conn)
         self.conn.close()
         self.log.closed.wait(0.5)
         shm.sweep(self.prefix)
@@ -249,15 +249,6 @@ def signal_name(exitcode):
         except ValueError:
             return f"signal {-exitcode}"
     return None
-
-
-def _close_all_of(connections):
-    """In a forked node: close the inherited master-side connections."""
-    for conn in connections:
-        try:
-            conn.close()
-        except OSError:
-            pass
 
 
 # -- waiting ----------------------------------------------------------------

@@ -27,9 +27,29 @@ from ..errors import PlanError
 from ..plan.validate import check_seconds
 
 __all__ = ["set_parent_death_signal", "reset_signal_handlers", "Output",
-           "apply_node_options", "check_cpus", "check_arguments"]
+           "apply_node_options", "check_cpus", "check_arguments",
+           "MASTER_ENDS", "close_master_ends"]
 
 _PR_SET_PDEATHSIG = 1
+
+#: The master-side pipe ends of every scheduler of this process (each
+#: node's request and output pipes, the log pump's own): a forked node
+#: closes its copies so that EOF reaches the nodes that need it.  Kept up
+#: to date as ends are made and closed -- an end is discarded before it is
+#: closed -- so starting a node does not gather them anew (with hundreds
+#: of nodes, gathering them at every start made start-up quadratic).
+MASTER_ENDS = set()
+
+
+def close_master_ends(ends=MASTER_ENDS):
+    """In a forked node: close the inherited master-side ends (the set as
+    it was at the fork)."""
+    for end in list(ends):
+        try:
+            end.close()
+        except OSError:
+            pass
+    ends.clear()
 
 
 def set_parent_death_signal(sig):

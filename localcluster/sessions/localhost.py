@@ -153,12 +153,11 @@ class LocalHostScheduler(Session):
 
     def _spawn(self, name, kwargs):
         prefix = f"{self._prefix}{next(self._node_seq)}_"
-        pumps = [c for s in list(_live) for c in s._pump.connections()]
         faults = None
         if self.faults is not None:
             faults = (self._fault_book, faults_of_node(self.faults, name))
         handle = NodeHandle.spawn(self._ctx, name, prefix, kwargs,
-                                  self._pump, pumps, faults)
+                                  self._pump, faults)
         self._nodes[name] = handle
         self._poller.add(handle)
         return handle
