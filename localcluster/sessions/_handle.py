@@ -18,6 +18,7 @@ import collections
 import enum
 import logging
 import math
+import mmap
 import multiprocessing.process
 import os
 import select
@@ -91,6 +92,11 @@ class NodeHandle:
         log_r, log_w = ctx.Pipe(duplex=False)
         fork = ctx.get_start_method() == "fork"
         control, handle.control = shm.create_unique(prefix + "ctl_", 8)
+        # The node maps its control word itself: the master's mapping stays
+        # out of every process forked later (each node would inherit every
+        # earlier node's, and each fork copy more of them).
+        if hasattr(mmap, "MADV_DONTFORK"):
+            handle.control.madvise(mmap.MADV_DONTFORK)
         handle.control_word = np.ndarray(1, np.int64, buffer=handle.control)
         # A forked child closes its copies of every master-side pipe end --
         # its own included -- so that EOF reaches the nodes that need it.

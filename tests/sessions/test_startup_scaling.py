@@ -57,3 +57,16 @@ def test_forked_nodes_hold_no_master_side_end_and_close_forgets_them():
     finally:
         scheduler.close()
     assert _plumbing.MASTER_ENDS <= before
+
+
+def test_a_node_maps_no_other_nodes_control_word():
+    """The master's mapping of each node's control word stays out of the
+    nodes forked after it: a node maps its own only."""
+    scheduler = LocalHostScheduler(nodes=[f"n{i}" for i in range(4)])
+    try:
+        for name, pid in scheduler.node_pids().items():
+            with open(f"/proc/{pid}/maps") as f:
+                controls = [line for line in f if "ctl_" in line]
+            assert len(controls) == 1, (name, controls)
+    finally:
+        scheduler.close()
