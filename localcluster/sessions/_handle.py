@@ -18,7 +18,6 @@ import collections
 import enum
 import logging
 import math
-import mmap
 import multiprocessing.process
 import os
 import select
@@ -35,7 +34,8 @@ from . import _protocol as P
 from ._node import EXIT_MEMORY, NodeSpec, node_main
 from ._plumbing import MASTER_ENDS, close_master_ends
 
-__all__ = ["NodeState", "NodeHandle", "Poller", "wait_events", "CONN",
+__all__ = ["NodeState", "NodeHandle", "ControlWords", "Poller",
+           "wait_events", "CONN",
            "SENTINEL", "await_ready", "read_goodbyes", "join_all",
            "START_TIMEOUT", "SHUTDOWN_STEP"]
 
@@ -69,8 +69,7 @@ class NodeHandle:
         self.state = NodeState.IDLE
         self.pid = None
         self.plans = collections.OrderedDict()  # mirror of the node's cache
-        self.control = None   # shared int64: the run id to cancel
-        self.control_word = None
+        self.control_word = None  # shared int64: the run id to cancel
 
     def __repr__(self):
         return f"NodeHandle({self.name!r}, pid={self.pid}, {self.state.value})"
@@ -84,20 +83,15 @@ class NodeHandle:
     # -- start --------------------------------------------------------------
 
     @classmethod
-    def spawn(cls, ctx, name, prefix, kwargs, pump, faults=None):
+    def spawn(cls, ctx, name, prefix, kwargs, pump, controls, faults=None):
         """Start the node process; returns before it is ready.
-        ``faults``: (the fault book's segment, the node's faults)."""
+        ``controls``: the scheduler's `ControlWords`; ``faults``: (the
+        fault book's segment, the node's faults)."""
         handle = cls(name, prefix, dict(kwargs))
         master_conn, node_conn = ctx.Pipe(duplex=True)
         log_r, log_w = ctx.Pipe(duplex=False)
         fork = ctx.get_start_method() == "fork"
-        control, handle.control = shm.create_unique(prefix + "ctl_", 8)
-        # The node maps its control word itself: the master's mapping stays
-        # out of every process forked later (each node would inherit every
-        # earlier node's, and each fork copy more of them).
-        if hasattr(mmap, "MADV_DONTFORK"):
-            handle.control.madvise(mmap.MADV_DONTFORK)
-        handle.control_word = np.ndarray(1, np.int64, buffer=handle.control)
+        control, handle.control_word = controls.take()
         # A forked child closes its copies of every master-side pipe end --
         # its own included -- so that EOF reaches the nodes that need it.
         MASTER_ENDS.update((master_conn, log_r))
@@ -246,6 +240,45 @@ class NodeHandle:
             f"it restarts with an empty workspace on the next run{tail}",
             node=self.name, exitcode=code, signal_name=signame,
             last_log_lines=lines)
+
+
+class ControlWords:
+    """Each node's control word (the run id to cancel), a slot of a page
+    shared by many nodes.
+
+    One page holds the words of 512 node starts, so the master maps one
+    segment per 512 nodes, not one per node: every mapping of the master
+    is copied into each node forked after it, so per-node mappings made
+    start-up quadratic (and a mapping kept out of forks with
+    MADV_DONTFORK is not safe either: the child's copy of its Python
+    object would unmap whatever the child mapped later at that address).
+    A slot is not reused: a page is a few KiB per 512 starts, swept with
+    the scheduler's prefix on close.
+    """
+
+    PAGE = 4096
+
+    def __init__(self, prefix):
+        self._prefix = prefix
+        self._page = None      # (segment, int64 array)
+        self._used = 0
+        self._pages = 0
+
+    def take(self):
+        """``((segment, slot), word)``: where the node finds its word, and
+        the master's one-element view of it."""
+        slots = self.PAGE // 8
+        if self._page is None or self._used == slots:
+            segment, mm = shm.create_unique(
+                f"{self._prefix}{self._pages}_", self.PAGE,
+                what="the nodes' control words")
+            self._pages += 1
+            self._page = (segment, np.ndarray(slots, np.int64, buffer=mm))
+            self._used = 0
+        segment, words = self._page
+        slot = self._used
+        self._used += 1
+        return (segment, slot), words[slot:slot + 1]
 
 
 def signal_name(exitcode):

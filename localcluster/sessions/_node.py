@@ -64,7 +64,7 @@ class NodeSpec:
                  control, close_inherited=None, faults=None):
         self.name = name
         self.prefix = prefix            # segment prefix of this incarnation
-        self.control = control          # segment: int64 rid to cancel
+        self.control = control  # (segment, slot): the int64 rid to cancel
         self.kwargs = kwargs            # cpus, memory_limit, env
         self.master_pid = master_pid
         self.pdeathsig = pdeathsig
@@ -136,8 +136,10 @@ class _NodeServer:
         self.runtime = NodeRuntime(spec.name, store=self.store,
                                    channel_factory=self.channels,
                                    faults=self._faults(spec))
-        self.control = shm.map_segment(spec.control)
-        self.control_word = np.ndarray(1, np.int64, buffer=self.control)
+        segment, slot = spec.control
+        self.control = shm.map_segment(segment)
+        self.control_word = np.ndarray(1, np.int64, buffer=self.control,
+                                       offset=8 * slot)
         self.wakeups = queue.SimpleQueue()
         self.outbox = _Outbox(spec.prefix + "out")
         self.send_lock = threading.Lock()
