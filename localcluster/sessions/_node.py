@@ -27,6 +27,7 @@ and the main loop ends on pipe EOF when the master goes away; a clean exit
 is announced with ``("bye", rid)``, so any other exit is a crash.
 """
 
+import gc
 import logging
 import os
 import pickle
@@ -85,6 +86,11 @@ def node_main(spec, conn, log_conn):
     reset_signal_handlers()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the master's
     if spec.close_inherited is not None:
+        # Forked: what the master's heap holds is not this process's to
+        # collect -- a collection would write to (and so copy) every page
+        # of it, and freeing the master's unreachable objects here could
+        # unmap what this process mapped since at the same address.
+        gc.freeze()
         spec.close_inherited()
     output = Output(log_conn)
     problem = apply_node_options(spec.kwargs)

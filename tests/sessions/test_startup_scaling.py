@@ -4,10 +4,18 @@ already running, and a forked node still holds no master-side pipe end.
 (No clock here: the growth is counted in calls and descriptors.)
 """
 
+import gc
 import os
 
-from localcluster import LocalHostScheduler
+import numpy as np
+
+from localcluster import (LocalHostScheduler, Node, Task, TaskGroup,
+                          WorkspaceType, ops)
 from localcluster.sessions import _plumbing
+
+
+def frozen_objects(_):
+    return np.array(gc.get_freeze_count())
 
 
 def _link(pid, fd):
@@ -70,5 +78,20 @@ def test_the_mappings_a_node_inherits_do_not_grow_with_the_nodes():
             with open(f"/proc/{pid}/maps") as f:
                 counts[name] = sum(scheduler.shm_prefix in line for line in f)
         assert len(set(counts.values())) == 1, counts
+    finally:
+        scheduler.close()
+
+
+def test_a_forked_node_does_not_collect_the_masters_heap():
+    """What a forked node inherited is frozen: its collections neither
+    copy the master's pages nor free the master's garbage (an mmap object
+    freed there would unmap what the node mapped at its address)."""
+    with TaskGroup(WorkspaceType.GLOBAL) as group:
+        with Node("n"), Task():
+            ops.Python(frozen_objects)([ops.Const(0)], ["frozen"])
+    scheduler = LocalHostScheduler()
+    try:
+        scheduler.run(group)
+        assert int(scheduler.fetch_blob("frozen", "n")) > 1000
     finally:
         scheduler.close()
