@@ -211,9 +211,9 @@ class LocalHostScheduler(Session):
         except BaseException:
             # interrupted while sending: what was sent is cancelled, and
             # what was not is not waited for
-            state.pending = [h.name for h in handles
-                             if h.state is NodeState.RUNNING and
-                             h.name in state.pending]
+            state.pending = dict.fromkeys(
+                h.name for h in handles
+                if h.state is NodeState.RUNNING and h.name in state.pending)
             driver.abort(state, io, CANCEL_GRACE, self._unreported)
             raise
         return driver.drive(state, io, CANCEL_GRACE, timeout,
