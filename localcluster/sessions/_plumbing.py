@@ -52,12 +52,21 @@ def close_master_ends(ends=MASTER_ENDS):
     ends.clear()
 
 
-def set_parent_death_signal(sig):
+def _prctl():
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass  # not Linux: pipe EOF still ends the node
+        return None  # not Linux: pipe EOF still ends the node
+
+
+#: looked up once, in the master: a forked node inherits it instead of
+#: loading the C library's symbols again at every start
+_PRCTL = _prctl()
+
+
+def set_parent_death_signal(sig):
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
 
 
 def reset_signal_handlers():
