@@ -137,6 +137,7 @@ class _NodeServer:
         self.spec = spec
         self.output = output
         self.conn = conn
+        self.requests = P.Reader(conn)  # the main thread alone reads them
         self.store = shm.ShmStore(spec.prefix)
         self.channels = _ShmChannels()
         self.runtime = NodeRuntime(spec.name, store=self.store,
@@ -206,7 +207,7 @@ class _NodeServer:
     def _serve(self):
         while True:
             try:
-                msg = P.recv(self.conn)
+                msg = self.requests.recv()
             except (EOFError, OSError):
                 self.close()  # the master is gone
                 return 0

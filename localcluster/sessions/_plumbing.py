@@ -103,6 +103,9 @@ class Output:
             os.close(w)
             os.set_blocking(r, False)
             self.pipes[r] = tag
+        self._waiting = select.poll()   # drain's look: one call, no list
+        for r in self.pipes:
+            self._waiting.register(r, select.POLLIN)
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False),
                                       line_buffering=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False),
@@ -145,8 +148,7 @@ class Output:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        ready, _, _ = select.select(list(self.pipes), [], [], 0)
-        for fd in ready:
+        for fd, _ in self._waiting.poll(0):
             self._forward(fd)
         return self.sent
 
