@@ -16,16 +16,15 @@ pass the handles they wait for.
 
 import collections
 import enum
-import functools
 import logging
 import math
+import multiprocessing.process
 import os
 import select
 import signal
 import sys
 import threading
 import time
-import weakref
 
 import numpy as np
 
@@ -33,8 +32,10 @@ from ..errors import NodeFailedError
 from ..runtime import shm
 from . import _protocol as P
 from ._node import EXIT_MEMORY, NodeSpec, node_main
+from ._plumbing import MASTER_ENDS, close_master_ends
 
-__all__ = ["NodeState", "NodeHandle", "Poller", "wait_events", "CONN",
+__all__ = ["NodeState", "NodeHandle", "ControlWords", "Poller",
+           "wait_events", "CONN",
            "SENTINEL", "await_ready", "read_goodbyes", "join_all",
            "START_TIMEOUT", "SHUTDOWN_STEP"]
 
@@ -46,10 +47,6 @@ START_TIMEOUT = 30.0
 SHUTDOWN_STEP = 1.0
 
 CONN, SENTINEL = "conn", "sentinel"
-
-#: every live handle of this process, whatever scheduler made it: a forked
-#: node closes their pipe ends so that EOF reaches the nodes that need it
-_live = weakref.WeakSet()
 
 
 class NodeState(enum.Enum):
@@ -72,8 +69,7 @@ class NodeHandle:
         self.state = NodeState.IDLE
         self.pid = None
         self.plans = collections.OrderedDict()  # mirror of the node's cache
-        self.control = None   # shared int64: the run id to cancel
-        self.control_word = None
+        self.control_word = None  # shared int64: the run id to cancel
 
     def __repr__(self):
         return f"NodeHandle({self.name!r}, pid={self.pid}, {self.state.value})"
@@ -87,21 +83,19 @@ class NodeHandle:
     # -- start --------------------------------------------------------------
 
     @classmethod
-    def spawn(cls, ctx, name, prefix, kwargs, pump, extra_ends=(),
-              faults=None):
+    def spawn(cls, ctx, name, prefix, kwargs, pump, controls, faults=None):
         """Start the node process; returns before it is ready.
-        ``faults``: (the fault book's segment, the node's faults)."""
+        ``controls``: the scheduler's `ControlWords`; ``faults``: (the
+        fault book's segment, the node's faults)."""
         handle = cls(name, prefix, dict(kwargs))
         master_conn, node_conn = ctx.Pipe(duplex=True)
         log_r, log_w = ctx.Pipe(duplex=False)
         fork = ctx.get_start_method() == "fork"
-        control, handle.control = shm.create_unique(prefix + "ctl_", 8)
-        handle.control_word = np.ndarray(1, np.int64, buffer=handle.control)
+        control, handle.control_word = controls.take()
         # A forked child closes its copies of every master-side pipe end --
         # its own included -- so that EOF reaches the nodes that need it.
-        inherited = (functools.partial(
-            _close_all_of, [h.conn for h in _live if h.conn is not None]
-            + list(extra_ends) + [master_conn, log_r]) if fork else None)
+        MASTER_ENDS.update((master_conn, log_r))
+        inherited = close_master_ends if fork else None
         spec = NodeSpec(name, prefix, handle.kwargs, os.getpid(),
                         pdeathsig=ctx.get_start_method() != "forkserver" and
                         threading.current_thread() is threading.main_thread(),
@@ -140,10 +134,17 @@ class NodeHandle:
         try:
             process.start()
             started = True
+            # The handle reaps its process itself: out of multiprocessing's
+            # list of children, which every Process.start polls with one
+            # waitpid per live child (quadratic in the nodes started).
+            multiprocessing.process._children.discard(process)
         finally:
             for sig, old in held.items():
                 signal.signal(sig, old)
             if not started:  # the start failed: the signal still counts
+                for end in (master_conn, log_r, node_conn, log_w):
+                    MASTER_ENDS.discard(end)
+                    end.close()
                 for sig in dict.fromkeys(deferred):
                     signal.raise_signal(sig)
         # Close our copies of the child's ends now, before the next fork,
@@ -157,7 +158,6 @@ class NodeHandle:
         handle.process, handle.conn, handle.pid = process, master_conn, \
             process.pid
         handle.log = pump.add(log_r, name)
-        _live.add(handle)
         log.debug("started node %r (pid %d)", name, process.pid)
         try:
             for sig in dict.fromkeys(deferred):  # the handlers run here
@@ -188,7 +188,7 @@ class NodeHandle:
         if self.process.is_alive():
             self.process.join(SHUTDOWN_STEP)
         self.state = NodeState.DEAD
-        _live.discard(self)
+        MASTER_ENDS.discard(self.conn)
         self.conn.close()
         self.log.closed.wait(0.5)
         shm.sweep(self.prefix)
@@ -242,6 +242,45 @@ class NodeHandle:
             last_log_lines=lines)
 
 
+class ControlWords:
+    """Each node's control word (the run id to cancel), a slot of a page
+    shared by many nodes.
+
+    One page holds the words of 512 node starts, so the master maps one
+    segment per 512 nodes, not one per node: every mapping of the master
+    is copied into each node forked after it, so per-node mappings made
+    start-up quadratic (and a mapping kept out of forks with
+    MADV_DONTFORK is not safe either: the child's copy of its Python
+    object would unmap whatever the child mapped later at that address).
+    A slot is not reused: a page is a few KiB per 512 starts, swept with
+    the scheduler's prefix on close.
+    """
+
+    PAGE = 4096
+
+    def __init__(self, prefix):
+        self._prefix = prefix
+        self._page = None      # (segment, int64 array)
+        self._used = 0
+        self._pages = 0
+
+    def take(self):
+        """``((segment, slot), word)``: where the node finds its word, and
+        the master's one-element view of it."""
+        slots = self.PAGE // 8
+        if self._page is None or self._used == slots:
+            segment, mm = shm.create_unique(
+                f"{self._prefix}{self._pages}_", self.PAGE,
+                what="the nodes' control words")
+            self._pages += 1
+            self._page = (segment, np.ndarray(slots, np.int64, buffer=mm))
+            self._used = 0
+        segment, words = self._page
+        slot = self._used
+        self._used += 1
+        return (segment, slot), words[slot:slot + 1]
+
+
 def signal_name(exitcode):
     if exitcode is not None and exitcode < 0:
         try:
@@ -249,15 +288,6 @@ def signal_name(exitcode):
         except ValueError:
             return f"signal {-exitcode}"
     return None
-
-
-def _close_all_of(connections):
-    """In a forked node: close the inherited master-side connections."""
-    for conn in connections:
-        try:
-            conn.close()
-        except OSError:
-            pass
 
 
 # -- waiting ----------------------------------------------------------------

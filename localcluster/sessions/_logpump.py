@@ -1,8 +1,10 @@
 """Node output in the master: one thread for every node of a scheduler.
 
 Each node process sends ``(stream, bytes)`` chunks of its stdout/stderr
-over a one-way pipe.  The pump waits on all of them (and on a wake-up pipe,
-so adding a node never means polling), splits chunks into lines and writes
+over a one-way pipe.  The pump waits on all of them in one epoll set,
+which `add` extends while the pump waits (so starting a node costs the
+pump nothing: no wake-up, no rebuilt wait list -- with hundreds of nodes
+that rebuild made start-up quadratic), splits chunks into lines and writes
 each line to the master's stdout or stderr as ``[node] line``.  It keeps
 the last lines of every node for `NodeFailedError`, and tells whoever waits
 (``wait_closed``) when a node's pipe reached EOF -- which, for a dead node,
@@ -10,9 +12,12 @@ means every line it wrote has been seen.
 """
 
 import collections
+import select
 import sys
 import threading
 from multiprocessing import connection
+
+from ._plumbing import MASTER_ENDS
 
 __all__ = ["LogPump"]
 
@@ -52,23 +57,25 @@ class _Stream:
 class LogPump:
     def __init__(self, name="lc:logs"):
         self._lock = threading.Lock()
-        self._streams = {}            # conn -> _Stream
+        self._streams = {}            # fd -> (conn, _Stream)
         self._wake_r, self._wake_w = connection.Pipe(duplex=False)
+        self._epoll = select.epoll()
+        self._epoll.register(self._wake_r.fileno(), select.EPOLLIN)
+        # a forked node closes these (and each node's log pipe end)
+        MASTER_ENDS.update((self._wake_r, self._wake_w, self._epoll))
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name=name)
         self._stopping = False
         self._thread.start()
 
-    def connections(self):
-        """Master-side connections a forked child must close."""
-        with self._lock:
-            return list(self._streams) + [self._wake_r, self._wake_w]
-
     def add(self, conn, node):
+        """Show ``conn``'s output as ``node``'s; the pump sees it at once
+        (epoll takes a new fd while another thread waits on it)."""
         stream = _Stream(node)
         with self._lock:
-            self._streams[conn] = stream
-        self._wake_w.send(b"")
+            self._streams[conn.fileno()] = (conn, stream)
+            MASTER_ENDS.add(conn)
+            self._epoll.register(conn.fileno(), select.EPOLLIN)
         return stream
 
     def last_lines(self, stream):
@@ -82,33 +89,39 @@ class LogPump:
             pass
         self._thread.join(timeout)
         with self._lock:
-            for conn in self._streams:
+            for conn, _ in self._streams.values():
+                MASTER_ENDS.discard(conn)
                 conn.close()
             self._streams.clear()
-        self._wake_w.close()
-        self._wake_r.close()
+            for end in (self._wake_w, self._wake_r, self._epoll):
+                MASTER_ENDS.discard(end)
+                end.close()
 
     def _loop(self):
+        wake = self._wake_r.fileno()
         while not self._stopping:
-            with self._lock:
-                conns = list(self._streams)
-            for ready in connection.wait(conns + [self._wake_r]):
-                if ready is self._wake_r:
+            try:
+                ready = self._epoll.poll()
+            except InterruptedError:
+                continue
+            for fd, _ in ready:
+                if fd == wake:
                     try:
                         self._wake_r.recv_bytes()
                     except (EOFError, OSError):
                         return
                     continue
-                self._read(ready)
+                self._read(fd)
 
-    def _read(self, conn):
-        stream = self._streams.get(conn)
-        if stream is None:
+    def _read(self, fd):
+        found = self._streams.get(fd)
+        if found is None:
             return
+        conn, stream = found
         try:
             tag, data = conn.recv()
         except (EOFError, OSError):
-            self._close(conn, stream)
+            self._close(fd, conn, stream)
             return
         self._emit(stream, tag, data)
         with stream.progress:
@@ -133,13 +146,16 @@ class LogPump:
             except (OSError, ValueError):
                 pass  # the master's stream is closed; keep the lines
 
-    def _close(self, conn, stream):
+    def _close(self, fd, conn, stream):
         for tag in ("out", "err"):
             if stream.partial[tag]:
                 self._emit(stream, tag, b"", final=True)
         with self._lock:
-            self._streams.pop(conn, None)
-        conn.close()
+            # out of the wait set before the fd number can be reused
+            self._streams.pop(fd, None)
+            self._epoll.unregister(fd)
+            MASTER_ENDS.discard(conn)
+            conn.close()
         with stream.progress:
             stream.closed.set()
             stream.progress.notify_all()

@@ -27,6 +27,7 @@ and the main loop ends on pipe EOF when the master goes away; a clean exit
 is announced with ``("bye", rid)``, so any other exit is a crash.
 """
 
+import gc
 import logging
 import os
 import pickle
@@ -64,7 +65,7 @@ class NodeSpec:
                  control, close_inherited=None, faults=None):
         self.name = name
         self.prefix = prefix            # segment prefix of this incarnation
-        self.control = control          # segment: int64 rid to cancel
+        self.control = control  # (segment, slot): the int64 rid to cancel
         self.kwargs = kwargs            # cpus, memory_limit, env
         self.master_pid = master_pid
         self.pdeathsig = pdeathsig
@@ -85,6 +86,11 @@ def node_main(spec, conn, log_conn):
     reset_signal_handlers()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the master's
     if spec.close_inherited is not None:
+        # Forked: what the master's heap holds is not this process's to
+        # collect -- a collection would write to (and so copy) every page
+        # of it, and freeing the master's unreachable objects here could
+        # unmap what this process mapped since at the same address.
+        gc.freeze()
         spec.close_inherited()
     output = Output(log_conn)
     problem = apply_node_options(spec.kwargs)
@@ -131,13 +137,16 @@ class _NodeServer:
         self.spec = spec
         self.output = output
         self.conn = conn
+        self.requests = P.Reader(conn)  # the main thread alone reads them
         self.store = shm.ShmStore(spec.prefix)
         self.channels = _ShmChannels()
         self.runtime = NodeRuntime(spec.name, store=self.store,
                                    channel_factory=self.channels,
                                    faults=self._faults(spec))
-        self.control = shm.map_segment(spec.control)
-        self.control_word = np.ndarray(1, np.int64, buffer=self.control)
+        segment, slot = spec.control
+        self.control = shm.map_segment(segment)
+        self.control_word = np.ndarray(1, np.int64, buffer=self.control,
+                                       offset=8 * slot)
         self.wakeups = queue.SimpleQueue()
         self.outbox = _Outbox(spec.prefix + "out")
         self.send_lock = threading.Lock()
@@ -198,7 +207,7 @@ class _NodeServer:
     def _serve(self):
         while True:
             try:
-                msg = P.recv(self.conn)
+                msg = self.requests.recv()
             except (EOFError, OSError):
                 self.close()  # the master is gone
                 return 0

@@ -27,17 +27,46 @@ from ..errors import PlanError
 from ..plan.validate import check_seconds
 
 __all__ = ["set_parent_death_signal", "reset_signal_handlers", "Output",
-           "apply_node_options", "check_cpus", "check_arguments"]
+           "apply_node_options", "check_cpus", "check_arguments",
+           "MASTER_ENDS", "close_master_ends"]
 
 _PR_SET_PDEATHSIG = 1
 
+#: The master-side pipe ends of every scheduler of this process (each
+#: node's request and output pipes, the log pump's own): a forked node
+#: closes its copies so that EOF reaches the nodes that need it.  Kept up
+#: to date as ends are made and closed -- an end is discarded before it is
+#: closed -- so starting a node does not gather them anew (with hundreds
+#: of nodes, gathering them at every start made start-up quadratic).
+MASTER_ENDS = set()
+
+
+def close_master_ends(ends=MASTER_ENDS):
+    """In a forked node: close the inherited master-side ends (the set as
+    it was at the fork)."""
+    for end in list(ends):
+        try:
+            end.close()
+        except OSError:
+            pass
+    ends.clear()
+
+
+def _prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None  # not Linux: pipe EOF still ends the node
+
+
+#: looked up once, in the master: a forked node inherits it instead of
+#: loading the C library's symbols again at every start
+_PRCTL = _prctl()
+
 
 def set_parent_death_signal(sig):
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: pipe EOF still ends the node
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
 
 
 def reset_signal_handlers():
@@ -74,6 +103,9 @@ class Output:
             os.close(w)
             os.set_blocking(r, False)
             self.pipes[r] = tag
+        self._waiting = select.poll()   # drain's look: one call, no list
+        for r in self.pipes:
+            self._waiting.register(r, select.POLLIN)
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False),
                                       line_buffering=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False),
@@ -116,8 +148,7 @@ class Output:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        ready, _, _ = select.select(list(self.pipes), [], [], 0)
-        for fd in ready:
+        for fd, _ in self._waiting.poll(0):
             self._forward(fd)
         return self.sent
 

@@ -47,8 +47,8 @@ from ..task import Cluster
 from . import _protocol as P
 from . import driver
 from ._handle import (CONN, SENTINEL, SHUTDOWN_STEP, START_TIMEOUT,
-                      NodeHandle, NodeState, Poller, await_ready, join_all,
-                      read_goodbyes, wait_events)
+                      ControlWords, NodeHandle, NodeState, Poller,
+                      await_ready, join_all, read_goodbyes, wait_events)
 from ._logpump import LogPump
 from ._plumbing import check_arguments, check_cpus
 from ._prepare import Prepared, QueueChannels, run_message
@@ -96,6 +96,7 @@ class LocalHostScheduler(Session):
         self._prepared = Prepared()
         self._queues = QueueChannels(self._prefix)
         self._poller = Poller()
+        self._controls = ControlWords(f"{self._prefix}ctl")
         shm.sweep_stale()
         if self.faults is not None:
             self._fault_book, self._fault_times = shared_book(
@@ -153,12 +154,11 @@ class LocalHostScheduler(Session):
 
     def _spawn(self, name, kwargs):
         prefix = f"{self._prefix}{next(self._node_seq)}_"
-        pumps = [c for s in list(_live) for c in s._pump.connections()]
         faults = None
         if self.faults is not None:
             faults = (self._fault_book, faults_of_node(self.faults, name))
         handle = NodeHandle.spawn(self._ctx, name, prefix, kwargs,
-                                  self._pump, pumps, faults)
+                                  self._pump, self._controls, faults)
         self._nodes[name] = handle
         self._poller.add(handle)
         return handle
@@ -211,9 +211,9 @@ class LocalHostScheduler(Session):
         except BaseException:
             # interrupted while sending: what was sent is cancelled, and
             # what was not is not waited for
-            state.pending = [h.name for h in handles
-                             if h.state is NodeState.RUNNING and
-                             h.name in state.pending]
+            state.pending = dict.fromkeys(
+                h.name for h in handles
+                if h.state is NodeState.RUNNING and h.name in state.pending)
             driver.abort(state, io, CANCEL_GRACE, self._unreported)
             raise
         return driver.drive(state, io, CANCEL_GRACE, timeout,

@@ -148,7 +148,7 @@ def test_a_runtime_in_a_bare_process_through_the_node_adapter():
     master, node_end = ctx.Pipe(duplex=True)
     log_r, log_w = ctx.Pipe(duplex=False)
     spec = NodeSpec("solo", prefix, {}, master_pid=0, pdeathsig=False,
-                    control=prefix + "ctl")
+                    control=(prefix + "ctl", 0))
     process = ctx.Process(target=node_main, args=(spec, node_end, log_w))
     process.start()
     node_end.close()

@@ -154,3 +154,26 @@ def test_an_interrupted_wait_cancels_then_kills_the_pending_nodes():
         run(["a", "b"], io)
     assert io.cancelled == [(("a", "b"), 5)]
     assert io.killed == ["b"]
+
+
+class _CountedName(str):
+    """A node name that counts the comparisons made with it."""
+
+    compared = 0
+
+    def __eq__(self, other):
+        _CountedName.compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_a_run_of_many_nodes_costs_the_driver_linear_work():
+    names = [_CountedName(f"n{i}") for i in range(300)]
+    # the events name their nodes with equal, not identical, strings
+    events = [(DONE, _CountedName(str(n)), n) for n in reversed(names)]
+    state = driver.start(names, 1, 0.0, None)
+    _CountedName.compared = 0
+    result = driver.drive(state, ScriptedIO([(0.0, events)]), GRACE)
+    assert list(result) == [str(n) for n in reversed(names)]
+    assert _CountedName.compared < 10 * len(names), _CountedName.compared
