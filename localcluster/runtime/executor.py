@@ -270,33 +270,36 @@ _LENDS = object()
 def _store_lent(outputs, lent, lenient, put, ws):
     """Store what a lending op returned -- ``(outputs, done)`` -- copying
     the outputs (the shared-memory store of a node's global workspace
-    copies anyway), then hand the memory back."""
+    copies anyway), then hand the memory back.
+
+    In a child workspace each output is copied into the array ``ws``
+    holds for it when that has the same layout and nothing else refers to
+    it -- no view, no other blob, no fetched result: the copy then needs
+    no fresh memory (a big record read in a loop would fault in new pages
+    every time).  Its references then are the workspace's, ``current``
+    and getrefcount's argument.  (Inline, not a function per output: this
+    runs once per record a queue's reader takes.)"""
     result, done = lent
     try:
         if done is None or (ws.parent is None and ws.store.copies):
             _store(outputs, result, lenient, put)
         else:
+            lookup, refcount, ndarray = ws.get_or_none, sys.getrefcount, \
+                np.ndarray
             for name, value in zip(outputs, result):
-                _put_copy(ws, name, value)
+                current = lookup(name)
+                if type(current) is ndarray and \
+                        current.shape == value.shape and \
+                        current.dtype == value.dtype and \
+                        refcount(current) == 3:
+                    flags = current.flags
+                    if flags.owndata and flags.writeable:
+                        current[...] = value
+                        continue
+                ws.set(name, np.array(value))
     finally:
         if done is not None:
             done()
-
-
-def _put_copy(ws, name, value):
-    """``ws.set(name, copy of value)``, reusing the array ``ws`` holds for
-    ``name`` when it has the same layout and nothing else refers to it --
-    no view, no other blob, no fetched result: the copy then needs no
-    fresh memory (a big record read in a loop would fault in new pages
-    every time).  Its references then are the workspace's, ``current``
-    and getrefcount's argument."""
-    current = ws.get_or_none(name)
-    if type(current) is np.ndarray and current.flags.owndata and \
-            current.flags.writeable and current.shape == value.shape and \
-            current.dtype == value.dtype and sys.getrefcount(current) == 3:
-        np.copyto(current, value)
-    else:
-        ws.set(name, np.array(value))
 
 
 def _describe(result):
@@ -391,12 +394,17 @@ def _passes(step, regular, ws, rc, task):
                 for net, code in nets:
                     run_net(net, code, get, put, ws, rc, task, step)
             return
-        stop = step.should_stop_blob
+        stop, own = step.should_stop_blob, ws.own
         i = 0
         while limit is None or i < limit:
             for net, code in nets:
                 run_net(net, code, get, put, ws, rc, task, step)
-                if _stopped(stop, ws):
+                # `_stopped`, inline: once per record a reader loop reads
+                value = own.get(stop)
+                if value is None:
+                    value = ws.get_or_none(stop)
+                if value is not None and (bool(value) if value.size == 1
+                                          else bool(value.any())):
                     return
             i += 1
         return

@@ -297,16 +297,24 @@ class ShmChannel:
         words, lock = self._words, self._lock
         with lock:
             pool = self._pool
-            slot = pool.pop() if pool and not self._big and \
-                not words[_CLOSED] else None
+            if pool and not self._big and not words[_CLOSED]:
+                # the common case: a slot at hand, a small record -- copied
+                # under the lock, one lock for all
+                slot = pool.pop()
+                try:
+                    self._write(slot, record)
+                except BaseException:
+                    pool.append(slot)
+                    raise
+                self._publish(slot)
+                return True
+        # a big record is copied outside the lock: other threads of the
+        # node may put theirs meanwhile
+        slot = self._take_slot(cancelled)
         if slot is None:
-            slot = self._take_slot(cancelled)
-            if slot is None:
-                return False
+            return False
         try:
-            views, self._big = self._segments.writer_views(slot, record)
-            for view, a in zip(views, record):
-                view[...] = a
+            self._write(slot, record)
         except BaseException:
             with lock:
                 self._pool.append(slot)
@@ -315,18 +323,28 @@ class ShmChannel:
             if words[_CLOSED]:
                 self._pool.append(slot)
                 return False
-            tail = words[_TAIL]
-            words[self._ring + tail % self.capacity] = slot
-            barrier = self._barrier   # `_fence`, inline: once per record
-            if not _ORDERED:          # the record and its ring entry,
-                barrier.release()     # then tail
-                barrier.acquire()
-            words[_TAIL] = tail + 1
-            barrier.release()         # tail, then "waiting consumers"
-            barrier.acquire()
-            if words[_WAIT_CONSUMERS]:
-                _ring(self._full)
+            self._publish(slot)
         return True
+
+    def _write(self, slot, record):
+        views, self._big = self._segments.writer_views(slot, record)
+        for view, a in zip(views, record):
+            view[...] = a
+
+    def _publish(self, slot):
+        """Queue the record written into ``slot`` (under the lock)."""
+        words = self._words
+        tail = words[_TAIL]
+        words[self._ring + tail % self.capacity] = slot
+        barrier = self._barrier   # `_fence`, inline: once per record
+        if not _ORDERED:          # the record and its ring entry, then tail
+            barrier.release()
+            barrier.acquire()
+        words[_TAIL] = tail + 1
+        barrier.release()         # tail, then "waiting consumers"
+        barrier.acquire()
+        if words[_WAIT_CONSUMERS]:
+            _ring(self._full)
 
     def _take_slot(self, cancelled):
         """A free slot id -- for big records the one freed last, which is
