@@ -79,6 +79,8 @@ master releases it (`ChannelParts.close`, then `ShmChannel.release` on
 each node); slot segments then go with the master's sweep of its prefix.
 """
 
+import collections
+import functools
 import os
 import platform
 import select
@@ -86,17 +88,14 @@ import threading
 
 from . import shm
 from .cancel import CancelEvent
+from .shm_control import (CLOSED, FREED, GENERATIONS, HEAD, MAX_CAPACITY,
+                          REUSED, TAIL, WAIT_CONSUMERS, WAIT_PRODUCERS,
+                          ChannelParts, control_words, drain, fifo, ring_bell)
 from .shm_slots import SlotSegments
-from ..errors import Cancelled, PlanError
+from ..errors import Cancelled
 
 __all__ = ["ChannelParts", "ShmChannel", "MAX_CAPACITY"]
 
-# The control segment is int64 words: the ones below, then one generation
-# per slot, the record ring (slot id per position), one layout stamp per
-# slot (bumped when the producer writes a new layout) and the free ring
-# (slot ids handed back, in the order they were).
-(_CLOSED, _TAIL, _HEAD, _FREED, _REUSED, _WAIT_PRODUCERS, _WAIT_CONSUMERS,
- _CAPACITY, _GENERATIONS) = range(9)
 #: seconds between looks at a cancellation that has no fd (a plain
 #: `threading.Event` given by a caller outside the runtime)
 WAIT_SLICE = 0.05
@@ -105,117 +104,9 @@ SAFETY_WAKE = 5.0
 #: seconds a producer waits for a batch of free slots once one is free
 #: (see `ShmChannel._producer_patience`)
 BATCH_WAIT = 0.001
-#: the most records a queue between two nodes holds (its control words
-#: grow with it)
-MAX_CAPACITY = 16384
 #: plain loads and stores keep their order here (all but store-load), so
 #: only the store-load fences are needed (see Ordering)
 _ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-_BELL = b"x"
-
-
-def _fifo(path):
-    # O_RDWR: never blocks to wait for the other end, and keeps the FIFO's
-    # bytes while this end is open
-    return shm.open_fd(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW)
-
-
-def _drain(fd):
-    """Empty doorbell FIFO ``fd``."""
-    try:
-        while len(os.read(fd, 4096)) == 4096:
-            pass
-    except BlockingIOError:
-        pass
-
-
-def _ring(fd):
-    try:
-        os.write(fd, _BELL)
-    except BlockingIOError:
-        pass  # the FIFO is full of rings: every waiter wakes anyway
-
-
-def _words(buffer, capacity):
-    return memoryview(buffer).cast("B")[:_control_size(capacity)].cast("q")
-
-
-def _control_size(capacity):
-    return 8 * (_GENERATIONS + 4 * capacity)
-
-
-class ChannelParts:
-    """Master side: a channel's control segment and FIFOs.
-
-    The master keeps them (the FIFOs open: a FIFO drops its bytes when
-    nobody holds it) for as long as the queue is used, and `reset` them
-    before every run -- empty and open -- while the slot segments the nodes
-    made stay, already mapped, so records do not fault in fresh pages every
-    run.  `close` and a sweep of ``prefix`` remove everything.
-    """
-
-    def __init__(self, prefix, capacity, queue=None):
-        if capacity > MAX_CAPACITY:
-            raise PlanError(
-                f"a queue between two nodes holds at most {MAX_CAPACITY} "
-                f"records, this one asks for capacity={capacity}; lower it "
-                "(larger records, fewer of them) or keep both ends on one "
-                "node")
-        self.prefix = prefix
-        self.capacity = capacity
-        self.desc = {"prefix": prefix, "control": prefix + "ctl",
-                     "capacity": capacity, "queue": queue}
-        self._fds = []
-        self._words = None
-        self._made = []       # the parts' names, once this made them
-        try:
-            self._control = shm.create_segment(
-                prefix + "ctl", _control_size(capacity),
-                what=f"the control words of queue {queue!r}")
-            self._made.append(prefix + "ctl")
-            self._words = _words(self._control, capacity)
-            for kind in ("free", "full"):
-                path = os.path.join(shm.SHM_DIR, prefix + kind)
-                os.mkfifo(path, 0o600)
-                self._made.append(prefix + kind)
-                self._fds.append(_fifo(path))
-        except BaseException:
-            # what failed may be the descriptors running out: remove the
-            # parts by name, listing nothing, so the error stays the first
-            self._close_parts()
-            raise
-        self.reset()
-
-    def reset(self):
-        """Empty and open, every slot free (nodes idle)."""
-        # (slot generations and layout stamps stay: the nodes keep their
-        # slot segments and views across runs)
-        words, capacity = self._words, self.capacity
-        free = _GENERATIONS + 3 * capacity
-        for slot in range(capacity):
-            words[free + slot] = slot
-        for index, value in ((_CLOSED, 0), (_TAIL, 0), (_HEAD, 0),
-                             (_FREED, capacity), (_REUSED, 0),
-                             (_WAIT_PRODUCERS, 0), (_WAIT_CONSUMERS, 0),
-                             (_CAPACITY, capacity)):
-            words[index] = value
-        for fd in self._fds:
-            _drain(fd)
-
-    def close(self):
-        self._close_parts()
-        shm.sweep(self.prefix)    # and the slot segments the nodes made
-
-    def _close_parts(self):
-        for fd in self._fds:
-            os.close(fd)
-        self._fds = []
-        if self._words is not None:
-            self._words.release()
-            self._words = None
-        for name in self._made:
-            shm.unlink(name)
-        self._made = []
 
 
 class ShmChannel:
@@ -226,14 +117,14 @@ class ShmChannel:
         self.capacity = capacity = desc["capacity"]
         self.queue = desc.get("queue")
         self._control = shm.map_segment(desc["control"], writable=True)
-        self._words = _words(self._control, capacity)
-        self._ring = _GENERATIONS + capacity
-        self._free_ring = _GENERATIONS + 3 * capacity
+        self._words = control_words(self._control, capacity)
+        self._ring = GENERATIONS + capacity
+        self._free_ring = GENERATIONS + 3 * capacity
         self._segments = SlotSegments(
-            self.prefix, self.queue, self._words, _GENERATIONS,
-            _GENERATIONS + 2 * capacity)
-        self._free = _fifo(os.path.join(shm.SHM_DIR, self.prefix + "free"))
-        self._full = _fifo(os.path.join(shm.SHM_DIR, self.prefix + "full"))
+            self.prefix, self.queue, self._words, GENERATIONS,
+            GENERATIONS + 2 * capacity)
+        self._free = fifo(os.path.join(shm.SHM_DIR, self.prefix + "free"))
+        self._full = fifo(os.path.join(shm.SHM_DIR, self.prefix + "full"))
         self._lock = threading.Lock()
         # held for good, released and re-acquired only by `_fence`
         self._barrier = threading.Lock()
@@ -248,6 +139,8 @@ class ShmChannel:
         usable again, after an aborted run too."""
         self._aborted = False
         self._pool = []       # producer: free slot ids taken from the ring
+        # consumer: slots of records taken from the ring, not yet read
+        self._taken = collections.deque()
 
     def _fence(self):
         """A full memory fence (see Ordering in the module docstring);
@@ -288,7 +181,7 @@ class ShmChannel:
                 words[waiting] -= 1
                 # the rings up to now are answered: whoever takes what
                 # they announced and leaves some rings again for the rest
-                _drain(bell)
+                drain(bell)
 
     # -- producer -----------------------------------------------------------
 
@@ -297,7 +190,7 @@ class ShmChannel:
         words, lock = self._words, self._lock
         with lock:
             pool = self._pool
-            if pool and not self._big and not words[_CLOSED]:
+            if pool and not self._big and not words[CLOSED]:
                 # the common case: a slot at hand, a small record -- copied
                 # under the lock, one lock for all
                 slot = pool.pop()
@@ -320,7 +213,7 @@ class ShmChannel:
                 self._pool.append(slot)
             raise
         with lock:
-            if words[_CLOSED]:
+            if words[CLOSED]:
                 self._pool.append(slot)
                 return False
             self._publish(slot)
@@ -334,17 +227,17 @@ class ShmChannel:
     def _publish(self, slot):
         """Queue the record written into ``slot`` (under the lock)."""
         words = self._words
-        tail = words[_TAIL]
+        tail = words[TAIL]
         words[self._ring + tail % self.capacity] = slot
         barrier = self._barrier   # `_fence`, inline: once per record
         if not _ORDERED:          # the record and its ring entry, then tail
             barrier.release()
             barrier.acquire()
-        words[_TAIL] = tail + 1
+        words[TAIL] = tail + 1
         barrier.release()         # tail, then "waiting consumers"
         barrier.acquire()
-        if words[_WAIT_CONSUMERS]:
-            _ring(self._full)
+        if words[WAIT_CONSUMERS]:
+            ring_bell(self._full)
 
     def _take_slot(self, cancelled):
         """A free slot id -- for big records the one freed last, which is
@@ -352,32 +245,32 @@ class ShmChannel:
         words, lock, pool = self._words, self._lock, self._pool
         while True:
             with lock:
-                if words[_CLOSED]:
-                    if words[_WAIT_PRODUCERS]:
-                        _ring(self._free)   # the others see it too
+                if words[CLOSED]:
+                    if words[WAIT_PRODUCERS]:
+                        ring_bell(self._free)   # the others see it too
                     return None
                 if not pool or self._big:
                     self._collect_free()
                 if pool:
                     slot = pool.pop()
-                    if pool and words[_WAIT_PRODUCERS]:
-                        _ring(self._free)   # some left for the others
+                    if pool and words[WAIT_PRODUCERS]:
+                        ring_bell(self._free)   # some left for the others
                     return slot
-            self._sleep(_WAIT_PRODUCERS, self._free, self._producer_patience,
+            self._sleep(WAIT_PRODUCERS, self._free, self._producer_patience,
                         cancelled)
 
     def _collect_free(self):
         """Move the slots the consumer handed back into the pool, the
         newest last (under the lock)."""
         words = self._words
-        freed, reused = words[_FREED], words[_REUSED]
+        freed, reused = words[FREED], words[REUSED]
         if freed > reused:
             if not _ORDERED:
                 self._fence()  # freed, then the ring (and the slots)
             base, capacity = self._free_ring, self.capacity
             self._pool.extend([words[base + i % capacity]
                                for i in range(reused, freed)])
-            words[_REUSED] = freed
+            words[REUSED] = freed
 
     def _producer_patience(self):
         """How long a producer waits (0: not at all): for a batch of free
@@ -385,10 +278,10 @@ class ShmChannel:
         batch, not once per record -- but only while that consumer is
         busy (not waiting itself), and `BATCH_WAIT` at most."""
         words = self._words
-        if self._pool or words[_CLOSED]:
+        if self._pool or words[CLOSED]:
             return 0
-        free = words[_FREED] - words[_REUSED]
-        if free >= self._batch or (free and words[_WAIT_CONSUMERS]):
+        free = words[FREED] - words[REUSED]
+        if free >= self._batch or (free and words[WAIT_CONSUMERS]):
             return 0
         return BATCH_WAIT if free else SAFETY_WAKE
 
@@ -400,11 +293,28 @@ class ShmChannel:
         The records are views on the queue's slots, lent until ``done()``
         is called (copy them first); ``finished`` is true when the queue is
         closed and nothing was left to take."""
+        if n == 1:
+            # the common case: one record, at hand if an earlier read took
+            # it from the ring (`_take_records`); a deque's popleft is
+            # atomic, so no lock
+            try:
+                slot = self._taken.popleft()
+            except IndexError:
+                pass
+            else:
+                slots = (slot,)
+                try:
+                    record = self._segments.reader_views(slot)
+                except BaseException:
+                    self._release(slots)
+                    raise
+                return [record], False, functools.partial(self._release,
+                                                          slots)
         want = max(1, int(n))
         slots = []
         try:
             while not self._take_records(want, slots) and len(slots) < want:
-                self._sleep(_WAIT_CONSUMERS, self._full,
+                self._sleep(WAIT_CONSUMERS, self._full,
                             self._consumer_patience, cancelled)
             views = self._segments.reader_views
             records = [views(slot) for slot in slots]
@@ -412,43 +322,45 @@ class ShmChannel:
             self._release(slots)
             raise
         if records:
-            return records, False, lambda: self._release(slots)
+            return records, False, functools.partial(self._release, slots)
         return [], True, None
 
     def _take_records(self, want, slots):
-        """Add the slots of the records queued to ``slots``, up to ``want``
-        in all; True once the queue is closed and none is left."""
-        words = self._words
+        """Add records' slots to ``slots``, up to ``want`` in all; True
+        once the queue is closed and none is left.  Every record queued is
+        taken from the ring at once -- the next reads find theirs at hand
+        (`get`), a lock and the shared words fewer per record."""
+        words, taken = self._words, self._taken
         with self._lock:
-            head, tail = words[_HEAD], words[_TAIL]
-            if head >= tail:
-                if not words[_CLOSED]:
-                    return False
+            closed = words[CLOSED]
+            if closed and not _ORDERED:
                 self._fence()   # closed, then tail: records put before it
-                tail = words[_TAIL]
-                if head >= tail:
-                    if words[_WAIT_CONSUMERS]:
-                        _ring(self._full)   # the others see it too
-                    return True
-            elif not _ORDERED:
-                self._fence()   # tail, then the ring (and the slots)
-            end = min(tail, head + want - len(slots))
-            ring, capacity = self._ring, self.capacity
-            slots.extend([words[ring + i % capacity]
-                          for i in range(head, end)])
-            words[_HEAD] = end
-            if end < tail and words[_WAIT_CONSUMERS]:
-                _ring(self._full)   # some left for the others
-            return False
+            head, tail = words[HEAD], words[TAIL]
+            if head < tail:
+                if not _ORDERED:
+                    self._fence()   # tail, then the ring (and the slots)
+                ring, capacity = self._ring, self.capacity
+                taken.extend([words[ring + i % capacity]
+                              for i in range(head, tail)])
+                words[HEAD] = tail
+            while len(slots) < want:
+                try:
+                    slots.append(taken.popleft())
+                except IndexError:
+                    break
+            if taken or closed:
+                if words[WAIT_CONSUMERS]:
+                    ring_bell(self._full)   # some left, or closed: the others
+            return not taken and bool(closed)
 
     def _consumer_patience(self):
         """How long a consumer waits (0: not at all); a producer waiting
         for a batch of free slots is rung first: it gets what is free."""
         words = self._words
-        if words[_TAIL] > words[_HEAD] or words[_CLOSED]:
+        if self._taken or words[TAIL] > words[HEAD] or words[CLOSED]:
             return 0
-        if words[_WAIT_PRODUCERS]:
-            _ring(self._free)
+        if words[WAIT_PRODUCERS]:
+            ring_bell(self._free)
         return SAFETY_WAKE
 
     def _release(self, slots):
@@ -457,30 +369,33 @@ class ShmChannel:
             return
         words = self._words
         with self._lock:
-            freed = words[_FREED]
+            freed = words[FREED]
             base, capacity = self._free_ring, self.capacity
             for slot in slots:
                 words[base + freed % capacity] = slot
                 freed += 1
             if not _ORDERED:
                 self._fence()  # the reads of the slots, the ring, then freed
-            words[_FREED] = freed
+            words[FREED] = freed
             self._fence()      # freed, then "waiting producers"
-            if words[_WAIT_PRODUCERS]:
-                # they wait for a batch: ring once, as it fills up
-                free, batch = freed - words[_REUSED], self._batch
-                if free - len(slots) < batch <= free:
-                    _ring(self._free)
+            if words[WAIT_PRODUCERS]:
+                # they wait for a batch (`_producer_patience`): ring as the
+                # first slot is free -- they then wait `BATCH_WAIT` at
+                # most -- and as the batch is
+                free = freed - words[REUSED]
+                before = free - len(slots)
+                if before < 1 <= free or before < self._batch <= free:
+                    ring_bell(self._free)
 
     # -- both ---------------------------------------------------------------
 
     def close(self):
         with self._lock:
-            self._words[_CLOSED] = 1
+            self._words[CLOSED] = 1
             self._fence()     # closed, then the waiters' words (in _sleep)
         # wake whoever waits on either side; they see the flag
-        _ring(self._free)
-        _ring(self._full)
+        ring_bell(self._free)
+        ring_bell(self._full)
 
     def abort(self):
         self._aborted = True

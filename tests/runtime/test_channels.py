@@ -1,6 +1,9 @@
 """The shared-memory queue channel on its own, between two processes."""
 
+import array
+import fcntl
 import multiprocessing
+import termios
 import threading
 
 import numpy as np
@@ -9,6 +12,8 @@ import pytest
 from localcluster import Net, register_op
 from localcluster.runtime import shm
 from localcluster.errors import Cancelled
+from localcluster.runtime import shm_channel
+from localcluster.runtime.cancel import CancelEvent
 from localcluster.runtime.shm_channel import ChannelParts, ShmChannel
 
 FORK = multiprocessing.get_context("fork")
@@ -142,6 +147,73 @@ def test_writers_and_readers_on_several_threads_lose_nothing(parts):
     finally:
         channel.abort()
         channel.release()
+
+
+def _bytes_waiting(fd):
+    count = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, count, True)
+    return count[0]
+
+
+def test_records_flow_without_a_doorbell_while_nobody_waits(parts):
+    """The shared words carry the records; the FIFOs are rung only for a
+    side that sleeps, so a queue kept up with makes no system call."""
+    channel = ShmChannel(parts.desc)
+    try:
+        for i in range(3 * parts.capacity):
+            assert channel.put((np.array([i]),))
+            (record,), finished, done = channel.get(1)
+            assert int(record[0][0]) == i and not finished
+            done()
+        assert _bytes_waiting(channel._full) == 0
+        assert _bytes_waiting(channel._free) == 0
+    finally:
+        channel.release()
+
+
+def test_a_read_of_one_record_at_a_time_stops_only_once_closed_and_empty(
+        parts):
+    channel = ShmChannel(parts.desc)
+    try:
+        for i in range(3):
+            assert channel.put((np.array([i]),))
+        (first,), _, done = channel.get(1)   # takes all three off the ring
+        done()
+        channel.close()
+        got = [int(first[0][0])]
+        while True:
+            records, finished, done = channel.get(1)
+            if finished:
+                break
+            got.append(int(records[0][0][0]))
+            done()
+        assert got == [0, 1, 2]
+        assert channel.get(1)[1], "a closed, empty queue stays finished"
+    finally:
+        channel.release()
+
+
+def test_a_full_queue_writer_goes_on_once_a_slot_is_free(parts, monkeypatch):
+    """A writer waiting on a full queue waits for a batch of free slots
+    (one ring per batch), but not for long: a reader that frees one slot
+    and then does something else does not leave it blocked."""
+    monkeypatch.setattr(shm_channel, "SAFETY_WAKE", 600.0)
+    channel = ShmChannel(parts.desc)
+    cancel = CancelEvent()
+    try:
+        for i in range(parts.capacity):
+            assert channel.put((np.array([i]),))
+        writer = threading.Thread(target=channel.put,
+                                  args=((np.array([99]),), cancel))
+        writer.start()
+        (record,), _, done = channel.get(1)
+        done()   # one slot free, fewer than the writer's batch
+        writer.join(60)
+        assert not writer.is_alive(), "the writer waited for a full batch"
+    finally:
+        cancel.set()
+        channel.release()
+        cancel.close()
 
 
 def test_a_cross_node_queue_larger_than_a_fifo_holds_is_refused():
