@@ -88,8 +88,9 @@ import threading
 
 from . import shm
 from .cancel import CancelEvent
-from .shm_control import (CLOSED, FREED, GENERATIONS, HEAD, MAX_CAPACITY,
-                          REUSED, TAIL, WAIT_CONSUMERS, WAIT_PRODUCERS,
+from .shm_control import (CLOSED, CONSUMER_SLEEPS, FREED, GENERATIONS, HEAD,
+                          MAX_CAPACITY, REUSED, TAIL, WAIT_CONSUMERS,
+                          WAIT_PRODUCERS,
                           ChannelParts, control_words, drain, fifo, ring_bell)
 from .shm_slots import SlotSegments
 from ..errors import Cancelled
@@ -139,6 +140,7 @@ class ShmChannel:
         usable again, after an aborted run too."""
         self._aborted = False
         self._pool = []       # producer: free slot ids taken from the ring
+        self._rung = -1       # producer: the consumers' sleep rung for last
         # consumer: slots of records taken from the ring, not yet read
         self._taken = collections.deque()
 
@@ -151,15 +153,18 @@ class ShmChannel:
 
     # -- waiting ------------------------------------------------------------
 
-    def _sleep(self, waiting, bell, patience, cancelled):
+    def _sleep(self, waiting, bell, patience, cancelled, sleeps=None):
         """Sleep until doorbell ``bell`` rings or the run is cancelled, or
         for ``patience()`` seconds at most: a look at the words once this
-        thread counted itself into word ``waiting`` (0: no need to)."""
+        thread counted itself into word ``waiting`` (0: no need to) --
+        and, if given, counted this sleep in word ``sleeps``."""
         if self._aborted or (cancelled is not None and cancelled.is_set()):
             raise Cancelled("queue wait ended: the run was cancelled")
         words, lock = self._words, self._lock
         with lock:
             words[waiting] += 1
+            if sleeps is not None:
+                words[sleeps] += 1
             self._fence()     # our "waiting" before their words
             seconds = patience()
             if not seconds:
@@ -182,6 +187,10 @@ class ShmChannel:
                 # the rings up to now are answered: whoever takes what
                 # they announced and leaves some rings again for the rest
                 drain(bell)
+                if sleeps is not None and words[waiting]:
+                    # and a ring drained here may have been rung for
+                    # another sleeper too: a new count, a new ring
+                    words[sleeps] += 1
 
     # -- producer -----------------------------------------------------------
 
@@ -195,7 +204,7 @@ class ShmChannel:
                 # under the lock, one lock for all
                 slot = pool.pop()
                 try:
-                    self._write(slot, record)
+                    self._big = self._segments.write(slot, record)
                 except BaseException:
                     pool.append(slot)
                     raise
@@ -207,7 +216,7 @@ class ShmChannel:
         if slot is None:
             return False
         try:
-            self._write(slot, record)
+            self._big = self._segments.write(slot, record)
         except BaseException:
             with lock:
                 self._pool.append(slot)
@@ -218,11 +227,6 @@ class ShmChannel:
                 return False
             self._publish(slot)
         return True
-
-    def _write(self, slot, record):
-        views, self._big = self._segments.writer_views(slot, record)
-        for view, a in zip(views, record):
-            view[...] = a
 
     def _publish(self, slot):
         """Queue the record written into ``slot`` (under the lock)."""
@@ -237,7 +241,12 @@ class ShmChannel:
         barrier.release()         # tail, then "waiting consumers"
         barrier.acquire()
         if words[WAIT_CONSUMERS]:
-            ring_bell(self._full)
+            # once per sleep: a sleeper takes a while to wake, and every
+            # record put meanwhile would ring again
+            sleeps = words[CONSUMER_SLEEPS]
+            if sleeps != self._rung:
+                self._rung = sleeps
+                ring_bell(self._full)
 
     def _take_slot(self, cancelled):
         """A free slot id -- for big records the one freed last, which is
@@ -315,7 +324,8 @@ class ShmChannel:
         try:
             while not self._take_records(want, slots) and len(slots) < want:
                 self._sleep(WAIT_CONSUMERS, self._full,
-                            self._consumer_patience, cancelled)
+                            self._consumer_patience, cancelled,
+                            CONSUMER_SLEEPS)
             views = self._segments.reader_views
             records = [views(slot) for slot in slots]
         except BaseException:

@@ -16,7 +16,7 @@ __all__ = ["ChannelParts", "MAX_CAPACITY", "control_words", "fifo", "drain",
 # slot (bumped when the producer writes a new layout) and the free ring
 # (slot ids handed back, in the order they were).
 (CLOSED, TAIL, HEAD, FREED, REUSED, WAIT_PRODUCERS, WAIT_CONSUMERS,
- CAPACITY, GENERATIONS) = range(9)
+ CAPACITY, CONSUMER_SLEEPS, GENERATIONS) = range(10)
 #: the most records a queue between two nodes holds (its control words
 #: grow with it)
 MAX_CAPACITY = 16384
@@ -106,6 +106,7 @@ class ChannelParts:
         for index, value in ((CLOSED, 0), (TAIL, 0), (HEAD, 0),
                              (FREED, capacity), (REUSED, 0),
                              (WAIT_PRODUCERS, 0), (WAIT_CONSUMERS, 0),
+                             (CONSUMER_SLEEPS, 0),
                              (CAPACITY, capacity)):
             words[index] = value
         for fd in self._fds:

@@ -42,24 +42,35 @@ class SlotSegments:
         self._generations = generations
         self._stamps = stamps
         self._mapped = {}     # slot -> (generation, mmap)
-        self._views = {}      # slot -> (generation, views): writing
+        self._views = {}      # slot -> (generation, views, big): writing
         self._rviews = {}     # slot -> (generation, stamp, views): reading
 
-    def writer_views(self, slot, record):
-        """``(views, big)``: views on ``slot`` for a record like
-        ``record`` (producer side), the layout written -- the slot's
-        segment replaced if too small -- and whether it is `BIG`.  Kept
-        while records keep their layout: most queues carry one."""
-        generation = self._words[self._generations + slot]
+    def write(self, slot, record):
+        """Copy ``record`` into ``slot`` (producer side); whether it is
+        `BIG`.  The slot's views are kept while records keep their layout
+        (most queues carry one); a new layout is written first, the
+        slot's segment replaced if too small."""
         cached = self._views.get(slot)
-        if cached is not None and cached[0] == generation:
-            views = cached[1]
-            if len(views) == len(record):
-                for view, a in zip(views, record):
-                    if view.dtype != a.dtype or view.shape != a.shape:
-                        break
-                else:
-                    return views, cached[2]
+        if cached is not None and \
+                cached[0] == self._words[self._generations + slot] and \
+                len(cached[1]) == len(record):
+            # the common case: checked and copied field by field (a field
+            # that does not match is copied again below)
+            for view, a in zip(cached[1], record):
+                if view.shape != a.shape or view.dtype != a.dtype:
+                    break
+                view[...] = a
+            else:
+                return cached[2]
+        views, big = self._new_layout(slot, record)
+        for view, a in zip(views, record):
+            view[...] = a
+        return big
+
+    def _new_layout(self, slot, record):
+        """``(views, big)`` on ``slot`` for records like ``record``, the
+        layout written into the slot."""
+        generation = self._words[self._generations + slot]
         key = tuple((a.dtype.str, a.shape) for a in record)
         meta = pickle.dumps(key)
         offsets, size = [], 8 + len(meta)

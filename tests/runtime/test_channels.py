@@ -5,6 +5,7 @@ import fcntl
 import multiprocessing
 import termios
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -114,7 +115,10 @@ def test_a_lent_slot_is_not_reused_before_it_is_handed_back(parts):
         channel.release()
 
 
-def test_writers_and_readers_on_several_threads_lose_nothing(parts):
+def test_writers_and_readers_on_several_threads_lose_nothing(parts,
+                                                            monkeypatch):
+    # a lost wake-up would wait for the safety net: make that a hang
+    monkeypatch.setattr(shm_channel, "SAFETY_WAKE", 600.0)
     channel = ShmChannel(parts.desc)
     got, lock = [], threading.Lock()
 
@@ -212,6 +216,56 @@ def test_a_full_queue_writer_goes_on_once_a_slot_is_free(parts, monkeypatch):
         assert not writer.is_alive(), "the writer waited for a full batch"
     finally:
         cancel.set()
+        channel.release()
+        cancel.close()
+
+
+def _produce_in_bursts(desc, n):
+    """Records 0..n-1, pausing now and then so that readers sleep often."""
+    channel, cancel = ShmChannel(desc), CancelEvent()
+    for i in range(n):
+        channel.put((np.array([i]),), cancel)
+        if i % 3 == 0:
+            time.sleep(0.0001)
+    channel.close()
+
+
+def test_readers_on_several_threads_miss_no_wake_up(parts, monkeypatch):
+    """Readers of one end sleep and wake on one doorbell: one that drains
+    a ring others were woken by too must not leave them asleep."""
+    monkeypatch.setattr(shm_channel, "SAFETY_WAKE", 600.0)
+    n = 3000
+    producer = FORK.Process(target=_produce_in_bursts, args=(parts.desc, n))
+    channel, cancel = ShmChannel(parts.desc), CancelEvent()
+    got, lock = [], threading.Lock()
+
+    def read(size):
+        while True:
+            records, finished, done = channel.get(size, cancel)
+            if finished:
+                return
+            with lock:
+                got.extend(int(r[0][0]) for r in records)
+            done()
+
+    readers = [threading.Thread(target=read, args=(size,))
+               for size in (1, 1, 2)]
+    watchdog = threading.Timer(60, cancel.set)
+    try:
+        watchdog.start()
+        producer.start()
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join(90)
+        assert not any(t.is_alive() for t in readers)
+        assert not cancel.is_set(), "a reader slept through its records"
+        assert sorted(got) == list(range(n))
+    finally:
+        watchdog.cancel()
+        cancel.set()
+        producer.kill()
+        producer.join(10)
         channel.release()
         cancel.close()
 
