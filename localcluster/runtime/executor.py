@@ -284,10 +284,12 @@ def _store_lent(outputs, lent, lenient, put, ws):
         if done is None or (ws.parent is None and ws.store.copies):
             _store(outputs, result, lenient, put)
         else:
-            lookup, refcount, ndarray = ws.get_or_none, sys.getrefcount, \
-                np.ndarray
+            own, lookup = ws.own, ws.get_or_none
+            refcount, ndarray = sys.getrefcount, np.ndarray
             for name, value in zip(outputs, result):
-                current = lookup(name)
+                current = own.get(name)   # where a reader's outputs live
+                if current is None:
+                    current = lookup(name)
                 if type(current) is ndarray and \
                         current.shape == value.shape and \
                         current.dtype == value.dtype and \

@@ -384,10 +384,13 @@ class ShmChannel:
             for slot in slots:
                 words[base + freed % capacity] = slot
                 freed += 1
-            if not _ORDERED:
-                self._fence()  # the reads of the slots, the ring, then freed
+            barrier = self._barrier   # `_fence`, inline: once per record
+            if not _ORDERED:          # the reads of the slots, the ring,
+                barrier.release()     # then freed
+                barrier.acquire()
             words[FREED] = freed
-            self._fence()      # freed, then "waiting producers"
+            barrier.release()         # freed, then "waiting producers"
+            barrier.acquire()
             if words[WAIT_PRODUCERS]:
                 # they wait for a batch (`_producer_patience`): ring as the
                 # first slot is free -- they then wait `BATCH_WAIT` at
