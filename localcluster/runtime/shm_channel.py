@@ -2,16 +2,15 @@
 
 ::
 
-    producer node               control segment                consumer node
+    producer node               control segment (shm_control)  consumer node
     put(record):                [closed, tail, head, freed,    get(n):
-      slot = a free slot id      reused, waiting producers,     head < tail?
-      copy the record into it    waiting consumers, capacity,     slot = ring[head]
-      ring[tail] = slot          slot generations, record ring,   head += 1
-      tail += 1 ---------------> layout stamps, free ring]      views on the slot
-      consumers waiting?                                         ... copied:
-        ring "full"  ---------------------------------------->   free[freed] = slot
-      free slots: free[reused..freed) <---------------------    freed += 1
-                                                               producers waiting?
+      slot = a free slot id      reused, waiting producers and   take ring[head:tail]
+      copy the record into it    consumers, consumer sleeps,     head = tail
+      ring[tail] = slot          slot generations, record ring,  views on a slot
+      tail += 1 ---------------> layout stamps, free ring]        ... copied:
+      consumers asleep?                                          free[freed] = slot
+        ring "full" ----------------------------------------->  freed += 1
+      free slots: free[reused..freed) <----------------------  producers asleep?
                           <------------------------------------  ring "free"
 
 The shared words are the truth: a record is queued when ``tail`` says so,
@@ -20,22 +19,30 @@ call while the other keeps up.  The two named FIFOs are only doorbells,
 rung when the other side said it sleeps (its "waiting" word): a waiter
 counts itself into the word, then looks at the words again, and only then
 sleeps, so a record (or slot) published between its look and its sleep
-rings the bell (see *Ordering* below).  A waiter wakes on one ``poll`` of
-its doorbell *and* the run's cancellation fd (`CancelEvent.fileno`): a
-record, a free slot, a close (which rings both bells) or a cancelled run
--- also a dead peer, as the master then cancels the run -- wakes it at
-once; nothing polls repeatedly.  (``poll``, not ``select``: a node with
-hundreds of queues holds descriptors numbered past select's limit of
-1024.)  These waits are real time whatever the run's clock (``put``/``get``
-take it and leave it): a deterministic schedule runs its nodes in one
-process, with in-process channels.
+rings the bell (see *Ordering* below).  Rings are batched: a producer
+rings a consumer once per sleep (the consumer counts its sleeps), not once
+per record put while it wakes; a producer that finds the queue full waits
+for a batch of free slots -- a quarter of the capacity, `BATCH_WAIT` at
+most once one is free, at once if the consumer waits too -- so a consumer
+that keeps the queue full rings twice per batch, not once per record.
+A consumer takes every queued record off the ring at once; its next reads
+of one record find theirs at hand, without the lock or the shared words.
+A waiter wakes on one ``poll`` of its doorbell *and* the run's
+cancellation fd (`CancelEvent.fileno`): a record, a free slot, a close
+(which rings both bells) or a cancelled run -- also a dead peer, as the
+master then cancels the run -- wakes it at once; nothing polls
+repeatedly.  (``poll``, not ``select``: a node with hundreds of queues
+holds descriptors numbered past select's limit of 1024.)  These waits are
+real time whatever the run's clock (``put``/``get`` take it and leave
+it): a deterministic schedule runs its nodes in one process, with
+in-process channels.
 
 The master creates the control segment and the two FIFOs per queue
 (`ChannelParts`), resets them before every run (every slot in the free
 ring) and hands their names to both nodes, which keep their end
 (`ShmChannel`) across runs.  A record goes into a slot segment (made by
 the producer, kept while records fit, replaced -- new generation -- when
-one does not); the consumer maps it by name.  Slots are not tied to ring
+one does not; see `shm_slots`); the consumer maps it by name.  Slots are not tied to ring
 positions: the producer takes the slot freed last, so a queue its
 consumer keeps up with cycles through a few slots that stay in the CPU's
 caches instead of through all ``capacity`` of them.
@@ -61,7 +68,8 @@ of the other side's (tail then "waiting consumers" in the producer,
 "waiting consumers" then tail in the consumer: the classic store-load
 pattern, which x86-64 does *not* keep in order by itself).  CPython has no
 fence, but a lock has one: `_fence` releases and re-acquires a lock this
-end holds (glibc semaphores: a release then an acquire atomic).  On
+end holds (a release then an acquire atomic: glibc's semaphores under
+CPython 3.11's locks, compare-and-swaps under newer ones).  On
 x86-64 each atomic is a locked instruction, a full barrier; on arm64 a
 store-release followed by a load-acquire is never reordered (ARMv8's
 acquire/release are sequentially consistent), so everything before the
