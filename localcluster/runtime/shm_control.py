@@ -3,6 +3,7 @@ master's side of them (`ChannelParts`); a node's end is
 `shm_channel.ShmChannel`, whose docstring says how they are used.
 """
 
+import array
 import os
 
 from . import shm
@@ -77,6 +78,8 @@ class ChannelParts:
         self._fds = []
         self._words = None
         self._made = []       # the parts' names, once this made them
+        # the free ring of a reset: every slot id, in order
+        self._every_slot = memoryview(array.array("q", range(capacity)))
         try:
             self._control = shm.create_segment(
                 prefix + "ctl", _control_size(capacity),
@@ -101,8 +104,7 @@ class ChannelParts:
         # slot segments and views across runs)
         words, capacity = self._words, self.capacity
         free = GENERATIONS + 3 * capacity
-        for slot in range(capacity):
-            words[free + slot] = slot
+        words[free:free + capacity] = self._every_slot
         for index, value in ((CLOSED, 0), (TAIL, 0), (HEAD, 0),
                              (FREED, capacity), (REUSED, 0),
                              (WAIT_PRODUCERS, 0), (WAIT_CONSUMERS, 0),
