@@ -96,10 +96,10 @@ import threading
 
 from . import shm
 from .cancel import CancelEvent
-from .shm_control import (CLOSED, CONSUMER_SLEEPS, FREED, GENERATIONS, HEAD,
-                          MAX_CAPACITY, REUSED, TAIL, WAIT_CONSUMERS,
-                          WAIT_PRODUCERS,
-                          ChannelParts, control_words, drain, fifo, ring_bell)
+from .shm_control import (CLOSED, CONSUMER_SLEEPS, FREED, HEAD, MAX_CAPACITY,
+                          REUSED, TAIL, WAIT_CONSUMERS, WAIT_PRODUCERS,
+                          ChannelParts, control_words, drain, fifo, layout,
+                          ring_bell)
 from .shm_slots import SlotSegments
 from ..errors import Cancelled
 
@@ -127,11 +127,10 @@ class ShmChannel:
         self.queue = desc.get("queue")
         self._control = shm.map_segment(desc["control"], writable=True)
         self._words = control_words(self._control, capacity)
-        self._ring = GENERATIONS + capacity
-        self._free_ring = GENERATIONS + 3 * capacity
-        self._segments = SlotSegments(
-            self.prefix, self.queue, self._words, GENERATIONS,
-            GENERATIONS + 2 * capacity)
+        generations, self._ring, stamps, self._free_ring, _ = \
+            layout(capacity)
+        self._segments = SlotSegments(self.prefix, self.queue, self._words,
+                                      generations, stamps)
         self._free = fifo(os.path.join(shm.SHM_DIR, self.prefix + "free"))
         self._full = fifo(os.path.join(shm.SHM_DIR, self.prefix + "full"))
         self._lock = threading.Lock()

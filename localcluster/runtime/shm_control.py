@@ -9,15 +9,32 @@ import os
 from . import shm
 from ..errors import PlanError
 
-__all__ = ["ChannelParts", "MAX_CAPACITY", "control_words", "fifo", "drain",
-           "ring_bell"]
+__all__ = ["ChannelParts", "MAX_CAPACITY", "control_words", "layout", "fifo",
+           "drain", "ring_bell"]
 
-# The control segment is int64 words: the ones below, then one generation
-# per slot, the record ring (slot id per position), one layout stamp per
-# slot (bumped when the producer writes a new layout) and the free ring
-# (slot ids handed back, in the order they were).
-(CLOSED, TAIL, HEAD, FREED, REUSED, WAIT_PRODUCERS, WAIT_CONSUMERS,
- CAPACITY, CONSUMER_SLEEPS, GENERATIONS) = range(10)
+# The control segment is int64 words, grouped by who writes them how
+# often, each group on its own 64-byte cache line: a word one side writes
+# per record must not share a line with words the other side reads per
+# record, or the line moves between the two cores every time.
+TAIL, REUSED = 0, 1                       # the producer's, per record
+HEAD, FREED = 8, 9                        # the consumer's, per record
+(CLOSED, CAPACITY, WAIT_PRODUCERS, WAIT_CONSUMERS,
+ CONSUMER_SLEEPS) = 16, 17, 18, 19, 20    # seldom written
+#: then, each array on lines of its own (see `layout`): one generation
+#: per slot, the record ring (slot id per position), one layout stamp per
+#: slot (bumped when the producer writes a new layout) and the free ring
+#: (slot ids handed back, in the order they were)
+GENERATIONS = 24
+
+
+def layout(capacity):
+    """``(generations, ring, stamps, free ring, words in all)``: where the
+    arrays of a channel of ``capacity`` slots start."""
+    line = -(-capacity // 8) * 8
+    return (GENERATIONS, GENERATIONS + line, GENERATIONS + 2 * line,
+            GENERATIONS + 3 * line, GENERATIONS + 4 * line)
+
+
 #: the most records a queue between two nodes holds (its control words
 #: grow with it)
 MAX_CAPACITY = 16384
@@ -51,7 +68,7 @@ def control_words(buffer, capacity):
 
 
 def _control_size(capacity):
-    return 8 * (GENERATIONS + 4 * capacity)
+    return 8 * layout(capacity)[4]
 
 
 class ChannelParts:
@@ -103,7 +120,7 @@ class ChannelParts:
         # (slot generations and layout stamps stay: the nodes keep their
         # slot segments and views across runs)
         words, capacity = self._words, self.capacity
-        free = GENERATIONS + 3 * capacity
+        free = layout(capacity)[3]
         words[free:free + capacity] = self._every_slot
         for index, value in ((CLOSED, 0), (TAIL, 0), (HEAD, 0),
                              (FREED, capacity), (REUSED, 0),
