@@ -2,16 +2,17 @@
 
 ::
 
-    producer node               control segment (shm_control)  consumer node
-    put(record):                [closed, tail, head, freed,    get(n):
-      slot = a free slot id      reused, waiting producers and   take ring[head:tail]
-      copy the record into it    consumers, consumer sleeps,     head = tail
-      ring[tail] = slot          slot generations, record ring,  views on a slot
-      tail += 1 ---------------> layout stamps, free ring]        ... copied:
-      consumers asleep?                                          free[freed] = slot
-        ring "full" ----------------------------------------->  freed += 1
-      free slots: free[reused..freed) <----------------------  producers asleep?
-                          <------------------------------------  ring "free"
+  producer node          control segment (shm_control)      consumer node
+  put(record):           [closed, tail, head, freed,        get(n):
+    take a free slot      reused, waiting producers and       take the slots
+    copy the record       consumers, consumer sleeps,         ring[head:tail]
+    ring[tail] = slot     slot generations, record ring,      head = tail
+    tail += 1 ---------> layout stamps, free ring]           views on a slot
+    consumers asleep?                                        ... copied:
+      ring "full" ---------------------------------------->  free[freed] = slot
+    free slots are                                           freed += 1
+    free[reused:freed] <-----------------------------------  producers asleep?
+                       <-----------------------------------   ring "free"
 
 The shared words are the truth: a record is queued when ``tail`` says so,
 a slot is free when ``freed`` says so, and neither side makes a system
@@ -42,10 +43,10 @@ The master creates the control segment and the two FIFOs per queue
 ring) and hands their names to both nodes, which keep their end
 (`ShmChannel`) across runs.  A record goes into a slot segment (made by
 the producer, kept while records fit, replaced -- new generation -- when
-one does not; see `shm_slots`); the consumer maps it by name.  Slots are not tied to ring
-positions: the producer takes the slot freed last, so a queue its
-consumer keeps up with cycles through a few slots that stay in the CPU's
-caches instead of through all ``capacity`` of them.
+one does not; see `shm_slots`); the consumer maps it by name.  Slots are
+not tied to ring positions: the producer takes the slot freed last, so a
+queue its consumer keeps up with cycles through a few slots that stay in
+the CPU's caches instead of through all ``capacity`` of them.
 
 `get` lends the consumer views on the slots (no copy); the caller copies
 them where they go and then calls the ``done`` callback it got, which
