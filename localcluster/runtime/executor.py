@@ -405,8 +405,13 @@ def _passes(step, regular, ws, rc, task):
                 value = own.get(stop)
                 if value is None:
                     value = ws.get_or_none(stop)
-                if value is not None and (bool(value) if value.size == 1
-                                          else bool(value.any())):
+                stopped = value is not None and (
+                    bool(value) if value.size == 1 else bool(value.any()))
+                # no reference left here: the next read copies into the
+                # stop blob in place only if the workspace holds the only
+                # one (see `_store_lent`)
+                value = None
+                if stopped:
                     return
             i += 1
         return
