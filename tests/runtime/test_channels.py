@@ -350,3 +350,35 @@ def test_a_lent_record_leaves_views_and_fetched_values_alone(local):
     _lend(session, np.ones(4))
     assert list(kept) == [0] * 4 and list(session.fetch_blob("y")) == [0] * 3
     assert list(session.fetch_blob("x")) == [1] * 4
+
+
+#: what the lending loop below lends, one value per read, and the ids of
+#: the array its stop blob was each time
+LOOP = {}
+
+
+@register_op("ChannelsTestLendFlag", lends=True)
+def lend_flag():
+    """Lend the next of ``LOOP["flags"]`` as the only output, as a queue's
+    read lends its ``finished`` flag."""
+    return (LOOP["flags"].pop(0),), lambda: None
+
+
+def note_array(flag):
+    LOOP["ids"].append(id(flag))
+
+
+def test_a_read_loop_copies_its_stop_flag_in_place(local):
+    """The loop's own test of its stop blob keeps no reference to it, so
+    every read copies the flag into the array it replaces."""
+    from localcluster import execution_step
+    session = local()
+    LOOP.update(flags=[np.array(False)] * 5 + [np.array(True)], ids=[])
+    try:
+        read = Net("read")
+        read.ChannelsTestLendFlag([], ["stop"])
+        read.Python(note_array)(["stop"], [])
+        session.run(execution_step("loop", [read], should_stop_blob="stop"))
+        assert len(LOOP["ids"]) == 6 and len(set(LOOP["ids"][1:])) == 1
+    finally:
+        LOOP.clear()
