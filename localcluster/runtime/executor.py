@@ -269,16 +269,11 @@ _LENDS = object()
 
 def _store_lent(outputs, lent, lenient, put, ws):
     """Store what a lending op returned -- ``(outputs, done)`` -- copying
-    the outputs (the shared-memory store of a node's global workspace
-    copies anyway), then hand the memory back.
-
-    In a child workspace each output is copied into the array ``ws``
-    holds for it when that has the same layout and nothing else refers to
-    it -- no view, no other blob, no fetched result: the copy then needs
-    no fresh memory (a big record read in a loop would fault in new pages
-    every time).  Its references then are the workspace's, ``current``
-    and getrefcount's argument.  (Inline, not a function per output: this
-    runs once per record a queue's reader takes.)"""
+    the outputs (a node's shared-memory store copies anyway), then hand
+    the memory back.  Elsewhere an output is copied into the array ``ws``
+    holds for it if that has its layout and nothing else refers to it (no
+    view, other blob or fetched result; references: the workspace's,
+    ``current``, getrefcount's argument): no fresh memory per record."""
     result, done = lent
     try:
         if done is None or (ws.parent is None and ws.store.copies):
@@ -407,10 +402,7 @@ def _passes(step, regular, ws, rc, task):
                     value = ws.get_or_none(stop)
                 stopped = value is not None and (
                     bool(value) if value.size == 1 else bool(value.any()))
-                # no reference left here: the next read copies into the
-                # stop blob in place only if the workspace holds the only
-                # one (see `_store_lent`)
-                value = None
+                value = None  # a read copies in place only if unreferenced
                 if stopped:
                     return
             i += 1
