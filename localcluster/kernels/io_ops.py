@@ -21,13 +21,21 @@ def _channel(ctx, queue, capacity):
     return hub.channel(queue, capacity)
 
 
+#: the ``finished`` output of a read whose fields are lent: the executor
+#: copies every output of a lent record, so one shared, read-only array
+#: does (a fresh one is made only where the outputs are stored as they are)
+_NOT_FINISHED = np.array(False)
+_NOT_FINISHED.flags.writeable = False
+
+
 @register_op("EnqueueRecord", context=True)
 def enqueue_record(ctx, *fields, queue=None, capacity=1):
     """Queue the fields as one record; outputs True if the queue is closed
     (the writer should stop)."""
-    queued = _channel(ctx, queue, capacity).put(fields, ctx.cancelled,
-                                                ctx.clock)
-    return np.array(not queued)
+    hub = ctx.resources.get("queues")   # `_channel`, inline: per record
+    channel = hub.channel(queue, capacity) if hub is not None else \
+        _channel(ctx, queue, capacity)
+    return np.array(not channel.put(fields, ctx.cancelled, ctx.clock))
 
 
 @register_op("DequeueRecords", context=True, min_outputs=1, max_outputs=None,
@@ -40,13 +48,17 @@ def dequeue_records(ctx, queue=None, capacity=1, num_records=1,
     A single record comes back as the channel lent it (views on a shared
     slot, say): the executor copies it into the workspace before handing
     the slot back."""
-    records, finished, done = _channel(ctx, queue, capacity).get(
-        num_records, ctx.cancelled, ctx.clock)
+    hub = ctx.resources.get("queues")   # `_channel`, inline: per record
+    channel = hub.channel(queue, capacity) if hub is not None else \
+        _channel(ctx, queue, capacity)
+    records, finished, done = channel.get(num_records, ctx.cancelled,
+                                          ctx.clock)
     if finished:
         empty = tuple(np.zeros(0) for _ in range(num_fields))
         return (np.array(True),) + empty, None
     if len(records) == 1:
-        return (np.array(False),) + tuple(records[0]), done
+        flag = _NOT_FINISHED if done is not None else np.array(False)
+        return (flag,) + tuple(records[0]), done
     try:
         fields = tuple(np.concatenate(parts, axis=0)
                        for parts in zip(*records))

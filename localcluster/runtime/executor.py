@@ -269,34 +269,34 @@ _LENDS = object()
 
 def _store_lent(outputs, lent, lenient, put, ws):
     """Store what a lending op returned -- ``(outputs, done)`` -- copying
-    the outputs (the shared-memory store of a node's global workspace
-    copies anyway), then hand the memory back."""
+    the outputs (a node's shared-memory store copies anyway), then hand
+    the memory back.  Elsewhere an output is copied into the array ``ws``
+    holds for it if that has its layout and nothing else refers to it (no
+    view, other blob or fetched result; references: the workspace's,
+    ``current``, getrefcount's argument): no fresh memory per record."""
     result, done = lent
     try:
         if done is None or (ws.parent is None and ws.store.copies):
             _store(outputs, result, lenient, put)
         else:
+            own, lookup = ws.own, ws.get_or_none
+            refcount, ndarray = sys.getrefcount, np.ndarray
             for name, value in zip(outputs, result):
-                _put_copy(ws, name, value)
+                current = own.get(name)   # where a reader's outputs live
+                if current is None:
+                    current = lookup(name)
+                if type(current) is ndarray and \
+                        current.shape == value.shape and \
+                        current.dtype == value.dtype and \
+                        refcount(current) == 3:
+                    flags = current.flags
+                    if flags.owndata and flags.writeable:
+                        current[...] = value
+                        continue
+                ws.set(name, np.array(value))
     finally:
         if done is not None:
             done()
-
-
-def _put_copy(ws, name, value):
-    """``ws.set(name, copy of value)``, reusing the array ``ws`` holds for
-    ``name`` when it has the same layout and nothing else refers to it --
-    no view, no other blob, no fetched result: the copy then needs no
-    fresh memory (a big record read in a loop would fault in new pages
-    every time).  Its references then are the workspace's, ``current``
-    and getrefcount's argument."""
-    current = ws.get_or_none(name)
-    if type(current) is np.ndarray and current.flags.owndata and \
-            current.flags.writeable and current.shape == value.shape and \
-            current.dtype == value.dtype and sys.getrefcount(current) == 3:
-        np.copyto(current, value)
-    else:
-        ws.set(name, np.array(value))
 
 
 def _describe(result):
@@ -391,12 +391,19 @@ def _passes(step, regular, ws, rc, task):
                 for net, code in nets:
                     run_net(net, code, get, put, ws, rc, task, step)
             return
-        stop = step.should_stop_blob
+        stop, own = step.should_stop_blob, ws.own
         i = 0
         while limit is None or i < limit:
             for net, code in nets:
                 run_net(net, code, get, put, ws, rc, task, step)
-                if _stopped(stop, ws):
+                # `_stopped`, inline: once per record a reader loop reads
+                value = own.get(stop)
+                if value is None:
+                    value = ws.get_or_none(stop)
+                stopped = value is not None and (
+                    bool(value) if value.size == 1 else bool(value.any()))
+                value = None  # a read copies in place only if unreferenced
+                if stopped:
                     return
             i += 1
         return

@@ -2,42 +2,82 @@
 
 ::
 
-    producer node                 control segment              consumer node
-    put(record):                  [closed, tail, head, capacity,  get(n):
-      take a free slot id  <----   slot generations, order ring] ---> wait "full" tokens
-      copy the record into it                                    slot = ring[head]
-      ring[tail] = slot; tail += 1; post "full" ---------------> views on the slot
-                              <----- FIFO "free" (slot ids) ---  post the slot id
-                                                                 once they are copied
+  producer node          control segment (shm_control)      consumer node
+  put(record):           [closed, tail, head, freed,        get(n):
+    take a free slot      reused, waiting producers and       take the slots
+    copy the record       consumers, consumer sleeps,         ring[head:tail]
+    ring[tail] = slot     slot generations, record ring,      head = tail
+    tail += 1 ---------> layout stamps, free ring]           views on a slot
+    consumers asleep?                                        ... copied:
+      ring "full" ---------------------------------------->  free[freed] = slot
+    free slots are                                           freed += 1
+    free[reused:freed] <-----------------------------------  producers asleep?
+                       <-----------------------------------   ring "free"
 
-The master creates a control segment and two named FIFOs per queue
-(`ChannelParts`), resets them before every run (``free`` filled with every
-slot id) and hands their names to both nodes, which keep their end
-(`ShmChannel`) across runs.  A record goes into a slot segment (made by the
-producer, kept while records fit, replaced -- new generation -- when one
-does not); the consumer maps it by name.
+The shared words are the truth: a record is queued when ``tail`` says so,
+a slot is free when ``freed`` says so, and neither side makes a system
+call while the other keeps up.  The two named FIFOs are only doorbells,
+rung when the other side said it sleeps (its "waiting" word): a waiter
+counts itself into the word, then looks at the words again, and only then
+sleeps, so a record (or slot) published between its look and its sleep
+rings the bell (see *Ordering* below).  Rings are batched: a producer
+rings a consumer once per sleep (the consumer counts its sleeps), not once
+per record put while it wakes; a producer that finds the queue full waits
+for a batch of free slots -- a quarter of the capacity, `BATCH_WAIT` at
+most once one is free, at once if the consumer waits too -- so a consumer
+that keeps the queue full rings twice per batch, not once per record.
+A consumer takes every queued record off the ring at once; its next reads
+of one record find theirs at hand, without the lock or the shared words.
+A waiter wakes on one ``poll`` of its doorbell *and* the run's
+cancellation fd (`CancelEvent.fileno`): a record, a free slot, a close
+(which rings both bells) or a cancelled run -- also a dead peer, as the
+master then cancels the run -- wakes it at once; nothing polls
+repeatedly.  (``poll``, not ``select``: a node with hundreds of queues
+holds descriptors numbered past select's limit of 1024.)  These waits are
+real time whatever the run's clock (``put``/``get`` take it and leave
+it): a deterministic schedule runs its nodes in one process, with
+in-process channels.
 
-Slots are not tied to ring positions: the producer reuses the slot freed
-last, so a queue its consumer keeps up with cycles through a few slots that
-stay in the CPU's caches instead of through all ``capacity`` of them.
-Tokens are read in bulk (one ``read`` takes every token waiting), so a busy
-queue costs about one system call per record on each side.
+The master creates the control segment and the two FIFOs per queue
+(`ChannelParts`), resets them before every run (every slot in the free
+ring) and hands their names to both nodes, which keep their end
+(`ShmChannel`) across runs.  A record goes into a slot segment (made by
+the producer, kept while records fit, replaced -- new generation -- when
+one does not; see `shm_slots`); the consumer maps it by name.  Slots are
+not tied to ring positions: the producer takes the slot freed last, so a
+queue its consumer keeps up with cycles through a few slots that stay in
+the CPU's caches instead of through all ``capacity`` of them.
 
 `get` lends the consumer views on the slots (no copy); the caller copies
-them where they go and then calls the ``done`` callback it got, which hands
-the slots back to the producer.
+them where they go and then calls the ``done`` callback it got, which
+hands the slots back to the producer.
 
 All of a queue's writers are on one node and all its readers on another
 (the scheduler checks), so each side's words are only written by its own
-process, under a thread lock.  Every wait is one ``poll`` on the FIFO
-*and* the run's cancellation fd (`CancelEvent.fileno`): a token, a close
-(which posts wake-up tokens) or a cancelled run -- also a dead peer, as
-the master then cancels the run -- wakes it at once; nothing polls
-repeatedly.  (``poll``, not ``select``: a node with hundreds of queues
-holds descriptors numbered past select's limit of 1024.)  These waits
-are real time whatever the run's clock (``put``/``get`` take it and leave
-it): a deterministic schedule runs its nodes in one process, with
-in-process channels.
+process (``closed`` by either, only ever to 1), under the end's thread
+lock.  Several threads of one side may wait at once: one that wakes and
+leaves something for the others rings their bell again.
+
+Ordering.  Words are int64, 8-byte aligned, each read or written whole
+(one aligned access through a memoryview of format "q"; never
+struct.pack_into, which zeroes a field before writing it).  Between words
+the channel needs: the slot's bytes and its ring entry visible before the
+``tail`` that publishes them (and the consumer's reads of a slot done
+before ``freed`` hands it back), read in that order on the other side;
+and, for the doorbells, a store of one's own word ordered before the load
+of the other side's (tail then "waiting consumers" in the producer,
+"waiting consumers" then tail in the consumer: the classic store-load
+pattern, which x86-64 does *not* keep in order by itself).  CPython has no
+fence, but a lock has one: `_fence` releases and re-acquires a lock this
+end holds (a release then an acquire atomic: glibc's semaphores under
+CPython 3.11's locks, compare-and-swaps under newer ones).  On
+x86-64 each atomic is a locked instruction, a full barrier; on arm64 a
+store-release followed by a load-acquire is never reordered (ARMv8's
+acquire/release are sequentially consistent), so everything before the
+release is ordered before everything after the acquire -- a full fence
+either way.  The store-load fences are taken on every machine; the
+others only where plain loads and stores may be reordered (not x86-64,
+whose plain loads and stores keep their order except store-load).
 
 Every name a channel makes ends in a random part -- the master's prefix,
 and a slot segment's generation, a random number (not a count) -- so that
@@ -48,138 +88,35 @@ master releases it (`ChannelParts.close`, then `ShmChannel.release` on
 each node); slot segments then go with the master's sweep of its prefix.
 """
 
-import array
-import fcntl
+import collections
+import functools
 import os
-import pickle
-import secrets
+import platform
 import select
-import struct
-import termios
 import threading
-
-import numpy as np
 
 from . import shm
 from .cancel import CancelEvent
-from ..errors import Cancelled, PlanError
+from .shm_control import (CLOSED, CONSUMER_SLEEPS, FREED, HEAD, MAX_CAPACITY,
+                          REUSED, TAIL, WAIT_CONSUMERS, WAIT_PRODUCERS,
+                          ChannelParts, control_words, drain, fifo, layout,
+                          ring_bell)
+from .shm_slots import SlotSegments
+from ..errors import Cancelled
 
 __all__ = ["ChannelParts", "ShmChannel", "MAX_CAPACITY"]
 
-# The control segment is int64 words: closed, tail, head, capacity, then
-# one generation per slot, the order ring (slot id per position), and one
-# layout stamp per slot (bumped when the producer writes a new layout).
-# Words are read and written one aligned 8-byte access each (a memoryview
-# of format "q"), never with struct.pack_into, which zeroes the field
-# before writing it (a reader could see 0).
-_CLOSED, _TAIL, _HEAD, _CAPACITY, _GENERATIONS = 0, 1, 2, 3, 4
 #: seconds between looks at a cancellation that has no fd (a plain
 #: `threading.Event` given by a caller outside the runtime)
 WAIT_SLICE = 0.05
 #: seconds after which a wait looks again even unwoken: a safety net only
 SAFETY_WAKE = 5.0
-_ALIGN = 64
-#: free tokens are slot ids, 2 bytes each; the FIFO holds 64 KiB
-MAX_CAPACITY = 16384
-_WAKE = 0xFFFF                # a free token that is no slot: close()'s
-_WAKE_TOKEN = array.array("H", [_WAKE]).tobytes()
-#: a record at least this big makes the producer reuse the slot freed last
-_BIG = 64 << 10
-
-
-def _fifo(path):
-    # O_RDWR: never blocks to wait for the other end, and keeps the FIFO's
-    # bytes while this end is open
-    return shm.open_fd(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW)
-
-
-def _read_all(fd, count):
-    """Every byte waiting in FIFO ``fd`` (b"" if none) -- asked first
-    (into ``count``, an int array), as a read of an empty FIFO costs a
-    raised BlockingIOError."""
-    fcntl.ioctl(fd, termios.FIONREAD, count, True)
-    return os.read(fd, count[0]) if count[0] else b""
-
-
-def _words(buffer, capacity):
-    return memoryview(buffer).cast("B")[:_control_size(capacity)].cast("q")
-
-
-def _control_size(capacity):
-    return 8 * (_GENERATIONS + 3 * capacity)
-
-
-class ChannelParts:
-    """Master side: a channel's control segment and FIFOs.
-
-    The master keeps them (the FIFOs open: a FIFO drops its bytes when
-    nobody holds it) for as long as the queue is used, and `reset` them
-    before every run -- empty and open -- while the slot segments the nodes
-    made stay, already mapped, so records do not fault in fresh pages every
-    run.  `close` and a sweep of ``prefix`` remove everything.
-    """
-
-    def __init__(self, prefix, capacity, queue=None):
-        if capacity > MAX_CAPACITY:
-            raise PlanError(
-                f"a queue between two nodes holds at most {MAX_CAPACITY} "
-                f"records, this one asks for capacity={capacity}; lower it "
-                "(larger records, fewer of them) or keep both ends on one "
-                "node")
-        self.prefix = prefix
-        self.capacity = capacity
-        self.desc = {"prefix": prefix, "control": prefix + "ctl",
-                     "capacity": capacity, "queue": queue}
-        self._fds = []
-        self._words = None
-        self._made = []       # the parts' names, once this made them
-        try:
-            self._control = shm.create_segment(
-                prefix + "ctl", _control_size(capacity),
-                what=f"the control words of queue {queue!r}")
-            self._made.append(prefix + "ctl")
-            self._words = _words(self._control, capacity)
-            for kind in ("free", "full"):
-                path = os.path.join(shm.SHM_DIR, prefix + kind)
-                os.mkfifo(path, 0o600)
-                self._made.append(prefix + kind)
-                self._fds.append(_fifo(path))
-        except BaseException:
-            # what failed may be the descriptors running out: remove the
-            # parts by name, listing nothing, so the error stays the first
-            self._close_parts()
-            raise
-        self.reset()
-
-    def reset(self):
-        """Empty and open, every slot free (nodes idle)."""
-        # (slot generations and layout stamps stay: the nodes keep their
-        # slot segments and views across runs)
-        for index, value in enumerate((0, 0, 0, self.capacity)):
-            self._words[index] = value
-        for fd in self._fds:
-            try:
-                while os.read(fd, 65536):
-                    pass
-            except BlockingIOError:
-                pass
-        os.write(self._fds[0], array.array("H", range(self.capacity))
-                 .tobytes())
-
-    def close(self):
-        self._close_parts()
-        shm.sweep(self.prefix)    # and the slot segments the nodes made
-
-    def _close_parts(self):
-        for fd in self._fds:
-            os.close(fd)
-        self._fds = []
-        if self._words is not None:
-            self._words.release()
-            self._words = None
-        for name in self._made:
-            shm.unlink(name)
-        self._made = []
+#: seconds a producer waits for a batch of free slots once one is free
+#: (see `ShmChannel._producer_patience`)
+BATCH_WAIT = 0.001
+#: plain loads and stores keep their order here (all but store-load), so
+#: only the store-load fences are needed (see Ordering)
+_ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
 class ShmChannel:
@@ -187,138 +124,183 @@ class ShmChannel:
 
     def __init__(self, desc):
         self.prefix = desc["prefix"]
-        self.capacity = desc["capacity"]
+        self.capacity = capacity = desc["capacity"]
         self.queue = desc.get("queue")
         self._control = shm.map_segment(desc["control"], writable=True)
-        self._words = _words(self._control, self.capacity)
-        self._ring = _GENERATIONS + self.capacity
-        self._stamps = _GENERATIONS + 2 * self.capacity
-        self._free = _fifo(os.path.join(shm.SHM_DIR, self.prefix + "free"))
-        self._full = _fifo(os.path.join(shm.SHM_DIR, self.prefix + "full"))
+        self._words = control_words(self._control, capacity)
+        generations, self._ring, stamps, self._free_ring, _ = \
+            layout(capacity)
+        self._segments = SlotSegments(self.prefix, self.queue, self._words,
+                                      generations, stamps)
+        self._free = fifo(os.path.join(shm.SHM_DIR, self.prefix + "free"))
+        self._full = fifo(os.path.join(shm.SHM_DIR, self.prefix + "full"))
         self._lock = threading.Lock()
-        self._count = array.array("i", [0])   # FIONREAD's, under the lock
-        self._slots = {}      # slot -> (generation, mmap)
-        self._views = {}      # slot -> (generation, views): writing
-        self._rviews = {}     # slot -> (generation, stamp, views): reading
+        # held for good, released and re-acquired only by `_fence`
+        self._barrier = threading.Lock()
+        self._barrier.acquire()
         self._big = False     # the last record was big: reuse hot slots
+        #: free slots a waiting producer waits for (see _producer_patience)
+        self._batch = max(1, min(capacity // 4, 32))
         self.begin()
 
     def begin(self):
         """A new run (the master reset the shared parts): this end is
         usable again, after an aborted run too."""
         self._aborted = False
-        self._pool = []       # producer: free slot ids taken from the FIFO
-        self._tokens = 0      # consumer: "full" tokens taken from the FIFO
+        self._pool = []       # producer: free slot ids taken from the ring
+        self._rung = -1       # producer: the consumers' sleep rung for last
+        # consumer: slots of records taken from the ring, not yet read
+        self._taken = collections.deque()
+
+    def _fence(self):
+        """A full memory fence (see Ordering in the module docstring);
+        called under ``self._lock``, so by one thread at a time."""
+        barrier = self._barrier
+        barrier.release()
+        barrier.acquire()
 
     # -- waiting ------------------------------------------------------------
 
-    def _wait(self, fd, cancelled):
+    def _sleep(self, waiting, bell, patience, cancelled, sleeps=None):
+        """Sleep until doorbell ``bell`` rings or the run is cancelled, or
+        for ``patience()`` seconds at most: a look at the words once this
+        thread counted itself into word ``waiting`` (0: no need to) --
+        and, if given, counted this sleep in word ``sleeps``."""
         if self._aborted or (cancelled is not None and cancelled.is_set()):
             raise Cancelled("queue wait ended: the run was cancelled")
-        # a poll object per wait (~1 us, less than a select): threads of a
-        # node may wait on one channel at once, and one poll object cannot
-        # be polled by two threads
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        if isinstance(cancelled, CancelEvent):
-            poller.register(cancelled.fileno(), select.POLLIN)
-            poller.poll(SAFETY_WAKE * 1000)
-        else:
-            poller.poll(WAIT_SLICE * 1000)
-
-    def _post(self, fd, data):
+        words, lock = self._words, self._lock
+        with lock:
+            words[waiting] += 1
+            if sleeps is not None:
+                words[sleeps] += 1
+            self._fence()     # our "waiting" before their words
+            seconds = patience()
+            if not seconds:
+                words[waiting] -= 1
+                return
         try:
-            os.write(fd, data)
-        except BlockingIOError:
-            pass  # the FIFO is full of tokens: every waiter can go on
+            # a poll object per wait (~1 us, less than a select): threads
+            # of a node may wait on one channel at once, and one poll
+            # object cannot be polled by two threads
+            poller = select.poll()
+            poller.register(bell, select.POLLIN)
+            if isinstance(cancelled, CancelEvent):
+                poller.register(cancelled.fileno(), select.POLLIN)
+                poller.poll(min(seconds, SAFETY_WAKE) * 1000)
+            else:
+                poller.poll(min(seconds, WAIT_SLICE) * 1000)
+        finally:
+            with lock:
+                words[waiting] -= 1
+                # the rings up to now are answered: whoever takes what
+                # they announced and leaves some rings again for the rest
+                drain(bell)
+                if sleeps is not None and words[waiting]:
+                    # and a ring drained here may have been rung for
+                    # another sleeper too: a new count, a new ring
+                    words[sleeps] += 1
 
     # -- producer -----------------------------------------------------------
+
+    def put(self, record, cancelled=None, clock=None):
+        """Enqueue ``record``; False (nothing queued) if the queue is closed."""
+        words, lock = self._words, self._lock
+        with lock:
+            pool = self._pool
+            if pool and not self._big and not words[CLOSED]:
+                # the common case: a slot at hand, a small record -- copied
+                # under the lock, one lock for all
+                slot = pool.pop()
+                try:
+                    self._big = self._segments.write(slot, record)
+                except BaseException:
+                    pool.append(slot)
+                    raise
+                self._publish(slot)
+                return True
+        # a big record is copied outside the lock: other threads of the
+        # node may put theirs meanwhile
+        slot = self._take_slot(cancelled)
+        if slot is None:
+            return False
+        try:
+            self._big = self._segments.write(slot, record)
+        except BaseException:
+            with lock:
+                self._pool.append(slot)
+            raise
+        with lock:
+            if words[CLOSED]:
+                self._pool.append(slot)
+                return False
+            self._publish(slot)
+        return True
+
+    def _publish(self, slot):
+        """Queue the record written into ``slot`` (under the lock)."""
+        words = self._words
+        tail = words[TAIL]
+        words[self._ring + tail % self.capacity] = slot
+        barrier = self._barrier   # `_fence`, inline: once per record
+        if not _ORDERED:          # the record and its ring entry, then tail
+            barrier.release()
+            barrier.acquire()
+        words[TAIL] = tail + 1
+        barrier.release()         # tail, then "waiting consumers"
+        barrier.acquire()
+        if words[WAIT_CONSUMERS]:
+            # once per sleep: a sleeper takes a while to wake, and every
+            # record put meanwhile would ring again
+            sleeps = words[CONSUMER_SLEEPS]
+            if sleeps != self._rung:
+                self._rung = sleeps
+                ring_bell(self._full)
 
     def _take_slot(self, cancelled):
         """A free slot id -- for big records the one freed last, which is
         still in the CPU's caches -- or None once the queue closed."""
         words, lock, pool = self._words, self._lock, self._pool
         while True:
-            if words[_CLOSED]:
-                return None
             with lock:
+                if words[CLOSED]:
+                    if words[WAIT_PRODUCERS]:
+                        ring_bell(self._free)   # the others see it too
+                    return None
                 if not pool or self._big:
-                    # the slots freed since the last look, the newest last
-                    data = _read_all(self._free, self._count)
-                    if data:
-                        pool.extend(slot for slot in
-                                    array.array("H", data).tolist()
-                                    if slot != _WAKE)
+                    self._collect_free()
                 if pool:
-                    return pool.pop()
-            self._wait(self._free, cancelled)
+                    slot = pool.pop()
+                    if pool and words[WAIT_PRODUCERS]:
+                        ring_bell(self._free)   # some left for the others
+                    return slot
+            self._sleep(WAIT_PRODUCERS, self._free, self._producer_patience,
+                        cancelled)
 
-    def put(self, record, cancelled=None, clock=None):
-        """Enqueue ``record``; False (nothing queued) if the queue is closed."""
-        slot = self._take_slot(cancelled)
-        if slot is None:
-            return False
+    def _collect_free(self):
+        """Move the slots the consumer handed back into the pool, the
+        newest last (under the lock)."""
         words = self._words
-        try:
-            for view, a in zip(self._layout(slot, record), record):
-                np.copyto(view, a)
-        except BaseException:
-            with self._lock:
-                self._pool.append(slot)
-            raise
-        with self._lock:
-            if words[_CLOSED]:
-                self._pool.append(slot)
-                return False
-            tail = words[_TAIL]
-            words[self._ring + tail % self.capacity] = slot
-            words[_TAIL] = tail + 1
-        self._post(self._full, b"x")
-        return True
+        freed, reused = words[FREED], words[REUSED]
+        if freed > reused:
+            if not _ORDERED:
+                self._fence()  # freed, then the ring (and the slots)
+            base, capacity = self._free_ring, self.capacity
+            self._pool.extend([words[base + i % capacity]
+                               for i in range(reused, freed)])
+            words[REUSED] = freed
 
-    def _layout(self, slot, record):
-        """Views on ``slot`` for a record like ``record`` (producer side),
-        the layout written; the slot's segment is replaced if too small.
-        Kept while records keep their layout: most queues carry one."""
-        generation = self._words[_GENERATIONS + slot]
-        cached = self._views.get(slot)
-        if cached is not None and cached[0] == generation:
-            views = cached[1]
-            if len(views) == len(record):
-                for view, a in zip(views, record):
-                    if view.dtype != a.dtype or view.shape != a.shape:
-                        break
-                else:
-                    return views
-        key = tuple((a.dtype.str, a.shape) for a in record)
-        meta = pickle.dumps(key)
-        offsets, size = [], 8 + len(meta)
-        for dtype, shape in key:
-            size = -(-size // _ALIGN) * _ALIGN
-            offsets.append(size)
-            size += np.dtype(dtype).itemsize * int(np.prod(shape,
-                                                           dtype=np.int64))
-        mapped = self._slots.get(slot)
-        if mapped is None or mapped[0] != generation or \
-                len(mapped[1]) < size:
-            # the new segment first: if /dev/shm is full, the slot keeps
-            # the one the consumer may still have to map
-            old = generation
-            generation, mm = self._new_slot(slot, max(size, 4096), old)
-            if old:
-                shm.unlink(self._slot_name(slot, old))
-            self._words[_GENERATIONS + slot] = generation
-        else:
-            mm = mapped[1]
-        struct.pack_into("q", mm, 0, len(meta))
-        mm[8:8 + len(meta)] = meta
-        # a new layout: the consumer's views on this slot are stale
-        self._words[self._stamps + slot] += 1
-        views = [np.ndarray(shape, np.dtype(dtype), buffer=mm, offset=offset)
-                 for (dtype, shape), offset in zip(key, offsets)]
-        self._views[slot] = (generation, views)
-        self._big = size >= _BIG
-        return views
+    def _producer_patience(self):
+        """How long a producer waits (0: not at all): for a batch of free
+        slots, so that a consumer that keeps the queue full rings once per
+        batch, not once per record -- but only while that consumer is
+        busy (not waiting itself), and `BATCH_WAIT` at most."""
+        words = self._words
+        if self._pool or words[CLOSED]:
+            return 0
+        free = words[FREED] - words[REUSED]
+        if free >= self._batch or (free and words[WAIT_CONSUMERS]):
+            return 0
+        return BATCH_WAIT if free else SAFETY_WAKE
 
     # -- consumer -----------------------------------------------------------
 
@@ -328,114 +310,113 @@ class ShmChannel:
         The records are views on the queue's slots, lent until ``done()``
         is called (copy them first); ``finished`` is true when the queue is
         closed and nothing was left to take."""
+        if n == 1:
+            # the common case: one record, at hand if an earlier read took
+            # it from the ring (`_take_records`); a deque's popleft is
+            # atomic, so no lock
+            try:
+                slot = self._taken.popleft()
+            except IndexError:
+                pass
+            else:
+                slots = (slot,)
+                try:
+                    record = self._segments.reader_views(slot)
+                except BaseException:
+                    self._release(slots)
+                    raise
+                return [record], False, functools.partial(self._release,
+                                                          slots)
+        want = max(1, int(n))
         slots = []
         try:
-            for _ in range(max(1, int(n))):
-                slot = self._take_record(cancelled)
-                if slot is None:
-                    break
-                slots.append(slot)
-            records = [self._reader_views(slot) for slot in slots]
+            while not self._take_records(want, slots) and len(slots) < want:
+                self._sleep(WAIT_CONSUMERS, self._full,
+                            self._consumer_patience, cancelled,
+                            CONSUMER_SLEEPS)
+            views = self._segments.reader_views
+            records = [views(slot) for slot in slots]
         except BaseException:
             self._release(slots)
             raise
         if records:
-            return records, False, lambda: self._release(slots)
-        return [], self._drained(), None
+            return records, False, functools.partial(self._release, slots)
+        return [], True, None
+
+    def _take_records(self, want, slots):
+        """Add records' slots to ``slots``, up to ``want`` in all; True
+        once the queue is closed and none is left.  Every record queued is
+        taken from the ring at once -- the next reads find theirs at hand
+        (`get`), a lock and the shared words fewer per record."""
+        words, taken = self._words, self._taken
+        with self._lock:
+            closed = words[CLOSED]
+            if closed and not _ORDERED:
+                self._fence()   # closed, then tail: records put before it
+            head, tail = words[HEAD], words[TAIL]
+            if head < tail:
+                if not _ORDERED:
+                    self._fence()   # tail, then the ring (and the slots)
+                ring, capacity = self._ring, self.capacity
+                taken.extend([words[ring + i % capacity]
+                              for i in range(head, tail)])
+                words[HEAD] = tail
+            while len(slots) < want:
+                try:
+                    slots.append(taken.popleft())
+                except IndexError:
+                    break
+            if taken or closed:
+                if words[WAIT_CONSUMERS]:
+                    ring_bell(self._full)   # some left, or closed: the others
+            return not taken and bool(closed)
+
+    def _consumer_patience(self):
+        """How long a consumer waits (0: not at all); a producer waiting
+        for a batch of free slots is rung first: it gets what is free."""
+        words = self._words
+        if self._taken or words[TAIL] > words[HEAD] or words[CLOSED]:
+            return 0
+        if words[WAIT_PRODUCERS]:
+            ring_bell(self._free)
+        return SAFETY_WAKE
 
     def _release(self, slots):
-        if slots:
-            self._post(self._free, array.array("H", slots).tobytes())
-
-    def _take_record(self, cancelled):
-        """The slot of the next record; None once the queue is closed and
-        every record has been taken (by this thread or another)."""
-        words, lock = self._words, self._lock
-        while True:
-            with lock:
-                if not self._tokens:
-                    self._tokens = len(_read_all(self._full, self._count))
-                if self._tokens:
-                    self._tokens -= 1
-                    head = words[_HEAD]
-                    if head < words[_TAIL]:
-                        words[_HEAD] = head + 1
-                        return words[self._ring + head % self.capacity]
-                    # a wake-up token of close(): pass it on
-                    self._post(self._full, b"x")
-                    return None
-                if self._drained():
-                    return None
-            self._wait(self._full, cancelled)
-
-    def _drained(self):
+        """Hand ``slots`` back to the producer (their records copied)."""
+        if not slots:
+            return
         words = self._words
-        return words[_CLOSED] and words[_HEAD] >= words[_TAIL]
-
-    def _reader_views(self, slot):
-        """Views on ``slot`` for the record in it (consumer side), kept
-        while the producer keeps writing that slot with the same layout
-        (its generation and layout stamp unchanged)."""
-        words = self._words
-        generation = words[_GENERATIONS + slot]
-        stamp = words[self._stamps + slot]
-        cached = self._rviews.get(slot)
-        if cached is not None and cached[0] == generation and \
-                cached[1] == stamp:
-            return cached[2]
-        mm = self._map(slot, generation)
-        (meta_len,) = struct.unpack_from("q", mm, 0)
-        offset, views = 8 + meta_len, []
-        for dtype, shape in pickle.loads(mm[8:8 + meta_len]):
-            offset = -(-offset // _ALIGN) * _ALIGN
-            view = np.ndarray(shape, np.dtype(dtype), buffer=mm,
-                              offset=offset)
-            views.append(view)
-            offset += view.nbytes
-        views = tuple(views)
-        self._rviews[slot] = (generation, stamp, views)
-        return views
+        with self._lock:
+            freed = words[FREED]
+            base, capacity = self._free_ring, self.capacity
+            for slot in slots:
+                words[base + freed % capacity] = slot
+                freed += 1
+            barrier = self._barrier   # `_fence`, inline: once per record
+            if not _ORDERED:          # the reads of the slots, the ring,
+                barrier.release()     # then freed
+                barrier.acquire()
+            words[FREED] = freed
+            barrier.release()         # freed, then "waiting producers"
+            barrier.acquire()
+            if words[WAIT_PRODUCERS]:
+                # they wait for a batch (`_producer_patience`): ring as the
+                # first slot is free -- they then wait `BATCH_WAIT` at
+                # most -- and as the batch is
+                free = freed - words[REUSED]
+                before = free - len(slots)
+                if before < 1 <= free or before < self._batch <= free:
+                    ring_bell(self._free)
 
     # -- both ---------------------------------------------------------------
 
-    def _slot_name(self, slot, generation):
-        return f"{self.prefix}s{slot}_g{generation:x}"
-
-    def _new_slot(self, slot, size, old):
-        """A new segment for ``slot`` (producer side): ``(generation,
-        mmap)``, the generation random -- nonzero, not ``old`` -- so that
-        the segment's name cannot be guessed (and taken) first."""
-        for _ in range(shm.CREATE_TRIES):
-            generation = secrets.randbits(62)
-            if generation in (0, old):
-                continue
-            try:
-                mm = shm.create_segment(
-                    self._slot_name(slot, generation), size,
-                    what=f"a record of queue {self.queue!r}")
-            except FileExistsError:
-                continue
-            self._slots[slot] = (generation, mm)
-            return generation, mm
-        raise FileExistsError(
-            f"{shm.CREATE_TRIES} random names for a slot of queue "
-            f"{self.queue!r} were all taken in {shm.SHM_DIR}")
-
-    def _map(self, slot, generation):
-        """The mapping of the producer's segment for ``slot`` (consumer
-        side)."""
-        cached = self._slots.get(slot)
-        if cached is not None and cached[0] == generation:
-            return cached[1]
-        mm = shm.map_segment(self._slot_name(slot, generation))
-        self._slots[slot] = (generation, mm)
-        return mm
-
     def close(self):
-        self._words[_CLOSED] = 1
+        with self._lock:
+            self._words[CLOSED] = 1
+            self._fence()     # closed, then the waiters' words (in _sleep)
         # wake whoever waits on either side; they see the flag
-        self._post(self._free, _WAKE_TOKEN * 64)
-        self._post(self._full, b"x" * 64)
+        ring_bell(self._free)
+        ring_bell(self._full)
 
     def abort(self):
         self._aborted = True
@@ -447,8 +428,6 @@ class ShmChannel:
                 os.close(fd)
             except OSError:
                 pass
-        self._slots.clear()
-        self._views.clear()
-        self._rviews.clear()
+        self._segments.clear()
         self._words.release()
         self._words = self._control = None

@@ -1,7 +1,11 @@
 """The shared-memory queue channel on its own, between two processes."""
 
+import array
+import fcntl
 import multiprocessing
+import termios
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -9,6 +13,8 @@ import pytest
 from localcluster import Net, register_op
 from localcluster.runtime import shm
 from localcluster.errors import Cancelled
+from localcluster.runtime import shm_channel
+from localcluster.runtime.cancel import CancelEvent
 from localcluster.runtime.shm_channel import ChannelParts, ShmChannel
 
 FORK = multiprocessing.get_context("fork")
@@ -109,7 +115,10 @@ def test_a_lent_slot_is_not_reused_before_it_is_handed_back(parts):
         channel.release()
 
 
-def test_writers_and_readers_on_several_threads_lose_nothing(parts):
+def test_writers_and_readers_on_several_threads_lose_nothing(parts,
+                                                            monkeypatch):
+    # a lost wake-up would wait for the safety net: make that a hang
+    monkeypatch.setattr(shm_channel, "SAFETY_WAKE", 600.0)
     channel = ShmChannel(parts.desc)
     got, lock = [], threading.Lock()
 
@@ -142,6 +151,123 @@ def test_writers_and_readers_on_several_threads_lose_nothing(parts):
     finally:
         channel.abort()
         channel.release()
+
+
+def _bytes_waiting(fd):
+    count = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, count, True)
+    return count[0]
+
+
+def test_records_flow_without_a_doorbell_while_nobody_waits(parts):
+    """The shared words carry the records; the FIFOs are rung only for a
+    side that sleeps, so a queue kept up with makes no system call."""
+    channel = ShmChannel(parts.desc)
+    try:
+        for i in range(3 * parts.capacity):
+            assert channel.put((np.array([i]),))
+            (record,), finished, done = channel.get(1)
+            assert int(record[0][0]) == i and not finished
+            done()
+        assert _bytes_waiting(channel._full) == 0
+        assert _bytes_waiting(channel._free) == 0
+    finally:
+        channel.release()
+
+
+def test_a_read_of_one_record_at_a_time_stops_only_once_closed_and_empty(
+        parts):
+    channel = ShmChannel(parts.desc)
+    try:
+        for i in range(3):
+            assert channel.put((np.array([i]),))
+        (first,), _, done = channel.get(1)   # takes all three off the ring
+        done()
+        channel.close()
+        got = [int(first[0][0])]
+        while True:
+            records, finished, done = channel.get(1)
+            if finished:
+                break
+            got.append(int(records[0][0][0]))
+            done()
+        assert got == [0, 1, 2]
+        assert channel.get(1)[1], "a closed, empty queue stays finished"
+    finally:
+        channel.release()
+
+
+def test_a_full_queue_writer_goes_on_once_a_slot_is_free(parts, monkeypatch):
+    """A writer waiting on a full queue waits for a batch of free slots
+    (one ring per batch), but not for long: a reader that frees one slot
+    and then does something else does not leave it blocked."""
+    monkeypatch.setattr(shm_channel, "SAFETY_WAKE", 600.0)
+    channel = ShmChannel(parts.desc)
+    cancel = CancelEvent()
+    try:
+        for i in range(parts.capacity):
+            assert channel.put((np.array([i]),))
+        writer = threading.Thread(target=channel.put,
+                                  args=((np.array([99]),), cancel))
+        writer.start()
+        (record,), _, done = channel.get(1)
+        done()   # one slot free, fewer than the writer's batch
+        writer.join(60)
+        assert not writer.is_alive(), "the writer waited for a full batch"
+    finally:
+        cancel.set()
+        channel.release()
+        cancel.close()
+
+
+def _produce_in_bursts(desc, n):
+    """Records 0..n-1, pausing now and then so that readers sleep often."""
+    channel, cancel = ShmChannel(desc), CancelEvent()
+    for i in range(n):
+        channel.put((np.array([i]),), cancel)
+        if i % 3 == 0:
+            time.sleep(0.0001)
+    channel.close()
+
+
+def test_readers_on_several_threads_miss_no_wake_up(parts, monkeypatch):
+    """Readers of one end sleep and wake on one doorbell: one that drains
+    a ring others were woken by too must not leave them asleep."""
+    monkeypatch.setattr(shm_channel, "SAFETY_WAKE", 600.0)
+    n = 3000
+    producer = FORK.Process(target=_produce_in_bursts, args=(parts.desc, n))
+    channel, cancel = ShmChannel(parts.desc), CancelEvent()
+    got, lock = [], threading.Lock()
+
+    def read(size):
+        while True:
+            records, finished, done = channel.get(size, cancel)
+            if finished:
+                return
+            with lock:
+                got.extend(int(r[0][0]) for r in records)
+            done()
+
+    readers = [threading.Thread(target=read, args=(size,))
+               for size in (1, 1, 2)]
+    watchdog = threading.Timer(60, cancel.set)
+    try:
+        watchdog.start()
+        producer.start()
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join(90)
+        assert not any(t.is_alive() for t in readers)
+        assert not cancel.is_set(), "a reader slept through its records"
+        assert sorted(got) == list(range(n))
+    finally:
+        watchdog.cancel()
+        cancel.set()
+        producer.kill()
+        producer.join(10)
+        channel.release()
+        cancel.close()
 
 
 def test_a_cross_node_queue_larger_than_a_fifo_holds_is_refused():
@@ -224,3 +350,35 @@ def test_a_lent_record_leaves_views_and_fetched_values_alone(local):
     _lend(session, np.ones(4))
     assert list(kept) == [0] * 4 and list(session.fetch_blob("y")) == [0] * 3
     assert list(session.fetch_blob("x")) == [1] * 4
+
+
+#: what the lending loop below lends, one value per read, and the ids of
+#: the array its stop blob was each time
+LOOP = {}
+
+
+@register_op("ChannelsTestLendFlag", lends=True)
+def lend_flag():
+    """Lend the next of ``LOOP["flags"]`` as the only output, as a queue's
+    read lends its ``finished`` flag."""
+    return (LOOP["flags"].pop(0),), lambda: None
+
+
+def note_array(flag):
+    LOOP["ids"].append(id(flag))
+
+
+def test_a_read_loop_copies_its_stop_flag_in_place(local):
+    """The loop's own test of its stop blob keeps no reference to it, so
+    every read copies the flag into the array it replaces."""
+    from localcluster import execution_step
+    session = local()
+    LOOP.update(flags=[np.array(False)] * 5 + [np.array(True)], ids=[])
+    try:
+        read = Net("read")
+        read.ChannelsTestLendFlag([], ["stop"])
+        read.Python(note_array)(["stop"], [])
+        session.run(execution_step("loop", [read], should_stop_blob="stop"))
+        assert len(LOOP["ids"]) == 6 and len(set(LOOP["ids"][1:])) == 1
+    finally:
+        LOOP.clear()
