@@ -78,8 +78,7 @@ def _build_rows(quick):
     stats = {n: repeat(lambda: _build(n), rounds if n < 10000 else 2)
              for n in sizes}
     rows = _growth_rows("build", lambda n: f"build + grouping of 1 + {n} "
-                        "nodes", stats, sizes, {(100, 1000): 12.0,
-                                                (1000, 10000): 12.0})
+                        "nodes", stats, sizes, {(1000, 10000): 12.0})
     if 10000 in stats:
         rows.append(Row("build_10000", f"build + grouping of 1 + 10000 "
                         f"nodes vs {BUILD_BOUND} s", stats[10000],
