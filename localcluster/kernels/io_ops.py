@@ -32,10 +32,9 @@ _NOT_FINISHED.flags.writeable = False
 def enqueue_record(ctx, *fields, queue=None, capacity=1):
     """Queue the fields as one record; outputs True if the queue is closed
     (the writer should stop)."""
-    hub = ctx.resources.get("queues")   # `_channel`, inline: per record
-    channel = hub.channel(queue, capacity) if hub is not None else \
-        _channel(ctx, queue, capacity)
-    return np.array(not channel.put(fields, ctx.cancelled, ctx.clock))
+    queued = _channel(ctx, queue, capacity).put(fields, ctx.cancelled,
+                                                ctx.clock)
+    return np.array(not queued)
 
 
 @register_op("DequeueRecords", context=True, min_outputs=1, max_outputs=None,
@@ -48,11 +47,8 @@ def dequeue_records(ctx, queue=None, capacity=1, num_records=1,
     A single record comes back as the channel lent it (views on a shared
     slot, say): the executor copies it into the workspace before handing
     the slot back."""
-    hub = ctx.resources.get("queues")   # `_channel`, inline: per record
-    channel = hub.channel(queue, capacity) if hub is not None else \
-        _channel(ctx, queue, capacity)
-    records, finished, done = channel.get(num_records, ctx.cancelled,
-                                          ctx.clock)
+    records, finished, done = _channel(ctx, queue, capacity).get(
+        num_records, ctx.cancelled, ctx.clock)
     if finished:
         empty = tuple(np.zeros(0) for _ in range(num_fields))
         return (np.array(True),) + empty, None

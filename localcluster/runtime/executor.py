@@ -391,19 +391,12 @@ def _passes(step, regular, ws, rc, task):
                 for net, code in nets:
                     run_net(net, code, get, put, ws, rc, task, step)
             return
-        stop, own = step.should_stop_blob, ws.own
+        stop = step.should_stop_blob
         i = 0
         while limit is None or i < limit:
             for net, code in nets:
                 run_net(net, code, get, put, ws, rc, task, step)
-                # `_stopped`, inline: once per record a reader loop reads
-                value = own.get(stop)
-                if value is None:
-                    value = ws.get_or_none(stop)
-                stopped = value is not None and (
-                    bool(value) if value.size == 1 else bool(value.any()))
-                value = None  # a read copies in place only if unreferenced
-                if stopped:
+                if _stopped(stop, ws):
                     return
             i += 1
         return
