@@ -37,7 +37,6 @@ on the log, and the others still run.
 """
 
 import contextlib
-import gc
 import os
 import sys
 import time
@@ -53,7 +52,7 @@ import psutil
 
 import bench_ray
 from benchlib import (BENCH_EXTRA, MiB, leftovers, noop_group, one_line,
-                      queue_group)
+                      queue_group, reap, samples, timed)
 from localcluster import (LocalHostScheduler, LocalSession, Node, Task,
                           TaskGroup, WorkspaceType, ops)
 
@@ -65,8 +64,6 @@ WORKS = ("startup_4", "startup_16", "noop_4", "fetch_64mib", "queue_small",
 WARM_WORKS = WORKS[2:]
 #: seconds any one start, run, call, get or result may take
 WAIT = 60.0
-#: seconds the processes of a system torn down get to exit
-EXIT_WAIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -187,22 +184,6 @@ class _Results:
                     work=work, system=system, skipped=why))
 
 
-def _per_call(fn, times):
-    """Seconds of each of ``times`` calls of ``fn``, the garbage collector
-    off (it would land on whichever call it happened to interrupt)."""
-    samples = []
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(times):
-            start = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - start)
-    finally:
-        gc.enable()
-    return samples
-
-
 def _startups(plan, out, system, start_once):
     """``startup_N`` of one system, the largest N first.  ``start_once(n)``
     returns ``(seconds, work, stop)``: one start's time, the works on its
@@ -252,12 +233,12 @@ def _warm_works(plan, out, system, work):
         got = call()
         if got.shape != (plan.fetch_bytes // 8,) or got[-1] != 1.5:
             raise AssertionError(f"fetched {got!r}, not the array")
-        return _per_call(call, plan.fetch_samples)
+        return samples(timed(call), plan.fetch_samples)
 
     def noop():
         call = work.noop()
-        _per_call(call, 10)   # warm-up: plans cached, connections made
-        return _per_call(call, plan.noop_rounds[system])
+        samples(timed(call), 10)   # warm-up: plans cached, connections made
+        return samples(timed(call), plan.noop_rounds[system])
 
     out.record("noop_4", system, noop)
     out.record("fetch_64mib", system, fetch,
@@ -265,7 +246,7 @@ def _warm_works(plan, out, system, work):
                f"{plan.fetch_bytes // MiB} MiB in a quick run")
     for key, n, size in (("queue_small", plan.queue_small, 1),
                          ("queue_1mib", plan.queue_big, MiB // 8)):
-        out.record(key, system, lambda: _per_call(work.queue(n, size),
+        out.record(key, system, lambda: samples(timed(work.queue(n, size)),
                                                   plan.queue_samples))
 
 
@@ -290,16 +271,7 @@ class _Reaper:
         try:
             stop()
         finally:
-            self._reap(procs)
-
-    def _reap(self, procs):
-        _, alive = psutil.wait_procs(procs, timeout=EXIT_WAIT)
-        for proc in alive:
-            print(f"WARNING: process {proc.pid} outlived its system's "
-                  "teardown; killed", file=self.log)
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
-        psutil.wait_procs(alive, timeout=EXIT_WAIT)
+            reap(procs, "its system's teardown", self.log)
 
     def finish(self):
         """The resource tracker that Dask's spawned workers started
@@ -308,8 +280,8 @@ class _Reaper:
         if _tracker_pid() not in self.before | {None}:
             with contextlib.suppress(Exception):
                 resource_tracker._resource_tracker._stop()
-        self._reap([p for p in psutil.Process().children(True)
-                    if p.pid not in self.before])
+        reap([p for p in psutil.Process().children(True)
+              if p.pid not in self.before], "measure()", self.log)
 
 
 def _tracker_pid():

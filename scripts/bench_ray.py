@@ -24,8 +24,8 @@ import traceback
 import psutil
 
 import benchlib
-from benchlib import (KILL_BOUND, KILL_DELAY, KILL_RUN_TIMEOUT, Row,
-                      alternate, kill_later, noop_group, one_line,
+from benchlib import (EXIT_WAIT, KILL_BOUND, KILL_DELAY, KILL_RUN_TIMEOUT, Row,
+                      alternate, kill_later, noop_group, one_line, reap,
                       sleep_until_killed, unmeasured)
 from localcluster import (Node, NodeFailedError, Task, TaskGroup,
                           WorkspaceType, ops)
@@ -35,8 +35,6 @@ __all__ = ["measure", "KEYS"]
 INSTALL = "pip install -e '.[ray]'"
 #: seconds any one run, call or get of the section may take
 WAIT = 60.0
-#: seconds a killed actor's process, or Ray's after shutdown, gets to exit
-EXIT_WAIT = 10.0
 
 
 def measure(cfg):
@@ -95,12 +93,7 @@ def _stop_ray(ray):
     process's descendant, so bench's leftovers() would not see it."""
     procs = psutil.Process().children(recursive=True)
     ray.shutdown()
-    _, alive = psutil.wait_procs(procs, timeout=EXIT_WAIT)
-    for proc in alive:
-        print(f"WARNING: Ray process {proc.pid} outlived ray.shutdown(); "
-              "killed", file=sys.stderr)
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
+    reap(procs, "ray.shutdown()")
 
 
 def _wait_gone(pids):

@@ -35,6 +35,8 @@ SHM_DIR = "/dev/shm"
 SHM_PREFIX = "lc_"
 #: the install hint of a section whose peer is missing
 BENCH_EXTRA = "pip install -e '.[bench]'"
+#: seconds the processes of a system torn down get to exit
+EXIT_WAIT = 10.0
 
 
 # -- configuration ----------------------------------------------------------------
@@ -136,16 +138,22 @@ def alternate(candidates, rounds, block, warmup):
     for fn in candidates.values():
         for _ in range(warmup):
             fn()
-    samples = {name: [] for name in candidates}
+    got = {name: [] for name in candidates}
     for _ in range(rounds):
         for name, fn in candidates.items():
-            gc.collect()
-            gc.disable()
-            try:
-                samples[name].extend(fn() for _ in range(block))
-            finally:
-                gc.enable()
-    return {name: Stat.of(s) for name, s in samples.items()}
+            got[name].extend(samples(fn, block))
+    return {name: Stat.of(s) for name, s in got.items()}
+
+
+def samples(fn, times):
+    """The durations ``fn`` returns over ``times`` calls, the garbage
+    collector off (it would land on whichever call it interrupted)."""
+    gc.collect()
+    gc.disable()
+    try:
+        return [fn() for _ in range(times)]
+    finally:
+        gc.enable()
 
 
 def repeat(fn, times):
@@ -395,6 +403,18 @@ def kill_later(pid, delay, killed_at):
 
 
 # -- leaks ------------------------------------------------------------------------
+
+def reap(procs, what, log=sys.stderr):
+    """Wait (bounded) for ``procs`` to exit after their system's teardown;
+    kill, and say so on ``log``, any that outlive the wait."""
+    _, alive = psutil.wait_procs(procs, timeout=EXIT_WAIT)
+    for proc in alive:
+        print(f"WARNING: process {proc.pid} outlived {what}; killed",
+              file=log)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=EXIT_WAIT)
+
 
 def leftovers():
     """Our live child processes and shared-memory segments (those named for
