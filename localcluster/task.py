@@ -27,8 +27,10 @@ import weakref
 
 from .context import DefaultManaged, Managed, build_scope
 from .errors import PlanError
-from .plan.net import BlobRef, Net, blob_names
+from .plan.net import Net
+from .plan.task_output import TaskOutput
 from .plan.builder import NetBuilder
+from .plan.conditions import Link, as_conditions
 from .plan.grouping import (TaskPlan, fold_by_node, grouped_task_name,
                             task_step, to_node_plans)
 from .plan.node_plan import (NodePlan, WorkspaceType, as_workspace_type,
@@ -42,11 +44,17 @@ __all__ = ["Cluster", "Node", "WorkspaceType", "TaskGroup", "Task",
 
 
 class Cluster(DefaultManaged):
-    """The set of nodes a job uses, with each node's options."""
+    """The set of nodes a job uses, with each node's options, and the
+    links between them (`Link` conditions: latency, bandwidth)."""
 
-    def __init__(self):
+    def __init__(self, links=None):
         self._nodes = {}   # names, in order of first registration
         self._node_kwargs = {}
+        self.links = tuple(as_conditions(links, "Cluster"))
+        for link in self.links:
+            if not isinstance(link, Link):
+                raise PlanError(f"Cluster(links=...) takes Link values, got "
+                                f"{link!r}")
 
     def add_node(self, node):
         name = str(node)
@@ -95,57 +103,6 @@ class Node(DefaultManaged):
         return dict(self._kwargs)
 
 
-class TaskOutput:
-    """An output of a Task: blob names now, fetched values after a run.
-
-    ``get()`` returns the output's BlobRef (or list of them, or the record
-    of them); ``fetch()`` returns the value(s) captured when the last run
-    that included the task ended.
-    """
-
-    def __init__(self, blobs):
-        self._schema = None
-        if isinstance(blobs, dict):
-            self._schema = list(blobs)
-            self.names = [BlobRef(b) for b in blobs.values()]
-            self._is_scalar = False
-        elif isinstance(blobs, str):
-            self.names = [BlobRef(blobs)]
-            self._is_scalar = True
-        else:
-            self.names = [BlobRef(b) for b in blob_names(list(blobs),
-                                                           "task outputs")]
-            self._is_scalar = False
-        self._values = None
-
-    def __repr__(self):
-        return f"TaskOutput({[str(n) for n in self.names]})"
-
-    def _shape(self, items):
-        if self._is_scalar:
-            return items[0]
-        if self._schema is not None:
-            return dict(zip(self._schema, items))
-        return list(items)
-
-    def get(self):
-        return self._shape(self.names)
-
-    def set(self, values):
-        """Called by sessions with the captured values, in name order."""
-        if len(values) != len(self.names):
-            raise ValueError(
-                f"{self!r} expects {len(self.names)} values, got {len(values)}")
-        self._values = list(values)
-
-    def fetch(self):
-        if self._values is None:
-            raise PlanError(
-                f"{self!r} has no value yet: run the task (or its group) in a"
-                " session first")
-        return self._shape(self._values)
-
-
 class Task(Managed):
     """A step bound to a node, with outputs (see the module docstring)."""
 
@@ -160,10 +117,12 @@ class Task(Managed):
                                  else Node(node))))
         group = TaskGroup.current(group, required=False)
         # The node's options (cpus, memory_limit, env) as registered where
-        # the task was built: they travel with the plan to the session.
+        # the task was built: they travel with the plan to the session,
+        # which also finds the cluster's links through the task.
+        cluster = Cluster.current()
         self._init(node, group, _unique_task_name(node, group, name or "task"),
-                   Cluster.current().kwargs_of(node),
-                   num_instances, workspace_type)
+                   cluster.kwargs_of(node), num_instances, workspace_type)
+        self.cluster = cluster
         if step is not None:
             self.set_step(step)
         if outputs is not None:
@@ -178,6 +137,7 @@ class Task(Managed):
         self.group = group
         self.name = name
         self.node_kwargs = node_kwargs
+        self.cluster = None
         if num_instances is not None and (isinstance(num_instances, bool) or
                                           not isinstance(num_instances, int)
                                           or num_instances < 1):

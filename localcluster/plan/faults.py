@@ -36,7 +36,7 @@ import threading
 from ..errors import PlanError
 
 __all__ = ["Epoch", "Op", "Step", "Kill", "Hang", "Delay", "FailCheckpoint",
-           "FaultPlan", "Fired", "KILL_HOWS", "EXIT_STATUS"]
+           "Partition", "FaultPlan", "Fired", "KILL_HOWS", "EXIT_STATUS"]
 
 #: how a `Kill` ends a node
 KILL_HOWS = ("sigkill", "exit", "raise")
@@ -153,7 +153,83 @@ class FailCheckpoint:
         _positive_int(self.epoch, "FailCheckpoint(epoch)", 0)
 
 
-_FAULTS = (Kill, Hang, Delay, FailCheckpoint)
+def _side(value, what):
+    names = (value,) if isinstance(value, str) else value
+    try:
+        names = tuple(names)
+    except TypeError:
+        names = ()
+    if not names or not all(isinstance(n, str) and n and "/" not in n
+                            for n in names):
+        raise PlanError(f"{what}={value!r}: one side of a partition is a "
+                        "node name or pattern, or a list of them")
+    return names
+
+
+def _point(value, what, rule):
+    if isinstance(value, Epoch) or value is None:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not 0 <= value < float("inf"):
+        raise PlanError(f"{what}={value!r}: {rule}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """From ``at`` on, records between the nodes of ``nodes_a`` and those
+    of ``nodes_b`` (names or patterns) are held, not lost, until
+    ``heal_at``; then they arrive, in order.
+
+    ``at``: `Epoch` (k) -- from the start of the nodes' part of epoch k
+    -- or a number of seconds into a run (then in every run);
+    ``heal_at``: `Epoch` (m > k) -- the start of epoch m --, seconds into
+    the run the partition started in, or None (it never heals: a reader
+    waiting for held records ends with the run's timeout, which names the
+    partition)."""
+    nodes_a: tuple
+    nodes_b: tuple
+    at: object
+    heal_at: object = None
+
+    def __post_init__(self):
+        a = _side(self.nodes_a, "Partition(nodes_a)")
+        b = _side(self.nodes_b, "Partition(nodes_b)")
+        object.__setattr__(self, "nodes_a", a)
+        object.__setattr__(self, "nodes_b", b)
+        both = sorted(set(a) & set(b))
+        if both:
+            raise PlanError(f"Partition({list(a)}, {list(b)}): {both} on "
+                            "both sides; a node is on one side of a "
+                            "partition")
+        rule = ("a partition starts at Epoch(k) or at a number of seconds "
+                ">= 0 into a run")
+        at = _point(self.at, "Partition(at)", rule)
+        if at is None:
+            raise PlanError(f"Partition(at=None): {rule}")
+        heal = _point(self.heal_at, "Partition(heal_at)",
+                      "it heals at Epoch(m), at a number of seconds into the"
+                      " run, or never (None)")
+        object.__setattr__(self, "at", at)
+        object.__setattr__(self, "heal_at", heal)
+        if isinstance(heal, Epoch) and not (isinstance(at, Epoch) and
+                                            heal.k > at.k):
+            raise PlanError(
+                f"Partition(at={at!r}, heal_at={heal!r}): heal_at=Epoch(m) "
+                "needs at=Epoch(k) with m > k")
+        if isinstance(heal, float) and not isinstance(at, Epoch) and \
+                heal <= at:
+            raise PlanError(
+                f"Partition(at={at!r}, heal_at={heal!r}): it must heal after"
+                " it starts (both are seconds into the run)")
+
+    @property
+    def node(self):
+        """Both sides, as `Fired` and printed plans name a fault's node."""
+        return f"{','.join(self.nodes_a)}|{','.join(self.nodes_b)}"
+
+
+_FAULTS = (Kill, Hang, Delay, FailCheckpoint, Partition)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,8 +252,8 @@ class FaultPlan:
         for fault in faults:
             if not isinstance(fault, _FAULTS):
                 raise PlanError(
-                    f"FaultPlan takes Kill, Hang, Delay and FailCheckpoint "
-                    f"faults, got {fault!r}")
+                    f"FaultPlan takes Kill, Hang, Delay, FailCheckpoint and "
+                    f"Partition faults, got {fault!r}")
         self.faults = tuple(faults)
         self._fired = []
         self._lock = threading.Lock()
@@ -198,6 +274,8 @@ class FaultPlan:
             hang NODE at TRIGGER
             delay NODE SECONDSs at TRIGGER
             fail-checkpoint NODE at epoch K
+            partition NODES from NODES at epoch K|SECONDSs
+                [heal at epoch M|SECONDSs]
 
         where TRIGGER is ``epoch K``, ``op TYPE [nth N]`` or ``step NAME``,
         and a name with spaces or ``;`` is quoted as in a shell.  A
@@ -225,8 +303,15 @@ class FaultPlan:
         self._lock = threading.Lock()
 
     def nodes(self):
-        """The node names the faults name."""
-        return sorted({f.node for f in self.faults})
+        """The node names the faults name (a partition's sides are
+        patterns: see `partitions`)."""
+        return sorted({f.node for f in self.faults
+                       if not isinstance(f, Partition)})
+
+    def partitions(self):
+        """``[(index, Partition)]`` of the plan."""
+        return [(i, f) for i, f in enumerate(self.faults)
+                if isinstance(f, Partition)]
 
     def fired(self):
         """``[Fired(fault, node, time), ...]``, in the order they fired."""
@@ -247,7 +332,9 @@ class FaultPlan:
 
 SYNTAX = ("kill NODE at TRIGGER [by sigkill|exit|raise]; hang NODE at "
           "TRIGGER; delay NODE SECONDSs at TRIGGER; fail-checkpoint NODE at "
-          "epoch K -- TRIGGER: epoch K | op TYPE [nth N] | step NAME")
+          "epoch K; partition NODES from NODES at epoch K|SECONDSs [heal at "
+          "epoch M|SECONDSs] -- TRIGGER: epoch K | op TYPE [nth N] | step "
+          "NAME; NODES: names or patterns separated by commas")
 
 
 def _word(name):
@@ -264,7 +351,16 @@ def _at_text(at):
     return f"step {_word(at.name)}"
 
 
+def _point_text(point):
+    return f"epoch {point.k}" if isinstance(point, Epoch) else f"{point!r}s"
+
+
 def _text(fault):
+    if isinstance(fault, Partition):
+        return (f"partition {_word(','.join(fault.nodes_a))} from "
+                f"{_word(','.join(fault.nodes_b))} at {_point_text(fault.at)}"
+                + ("" if fault.heal_at is None else
+                   f" heal at {_point_text(fault.heal_at)}"))
     node = _word(fault.node)
     if isinstance(fault, Kill):
         return f"kill {node} at {_at_text(fault.at)}" + (
@@ -347,9 +443,35 @@ def _parse_one(words):
             if words[3] != "epoch" or len(words) != 5:
                 raise _bad(words, "a checkpoint fails at an epoch")
             return FailCheckpoint(words[1], _number(words, words[4], int))
+        if kind == "partition":
+            return _partition_of(words)
     except IndexError:
         raise _bad(words, "it ends too soon") from None
     raise _bad(words, f"{kind!r} is no fault")
+
+
+def _point_of(words, rest):
+    if len(rest) == 2 and rest[0] == "epoch":
+        return Epoch(_number(words, rest[1], int))
+    if len(rest) == 1 and rest[0].endswith("s"):
+        return _number(words, rest[0][:-1], float)
+    raise _bad(words, f"{' '.join(rest) or 'nothing'!r} is not 'epoch K' "
+                      "nor a number of seconds such as 0.5s")
+
+
+def _partition_of(words):
+    _expect(words, 2, "from")
+    _expect(words, 4, "at")
+    rest = words[5:]
+    heal = None
+    if "heal" in rest:
+        cut = rest.index("heal")
+        if rest[cut + 1:cut + 2] != ["at"]:
+            raise _bad(words, "write 'heal at epoch M' or 'heal at 0.5s'")
+        heal = _point_of(words, rest[cut + 2:])
+        rest = rest[:cut]
+    return Partition(words[1].split(","), words[3].split(","),
+                     _point_of(words, rest), heal)
 
 
 def _expect(words, index, word):

@@ -15,7 +15,8 @@ __all__ = ["WorkspaceType", "NodePlan", "as_workspace_type",
            "NODE_OPTIONS", "check_node_name", "check_node_options"]
 
 #: the options a node may carry (NodePlan.node_kwargs)
-NODE_OPTIONS = ("cpus", "memory_limit", "env", "resources", "placement")
+NODE_OPTIONS = ("cpus", "memory_limit", "env", "resources", "placement",
+                "slowdown")
 
 
 class WorkspaceType(enum.Enum):
@@ -78,6 +79,9 @@ def check_node_options(name, kwargs):
         raise PlanError(
             f"Node({name!r}): env must be a dict of str to str, got {env!r}")
     _check_engine_options(name, kwargs)
+    if kwargs.get("slowdown") is not None:
+        from .conditions import check_slowdown
+        check_slowdown(kwargs["slowdown"], f"Node({name!r}, slowdown)")
 
 
 def _check_engine_options(name, kwargs):

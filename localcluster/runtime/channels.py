@@ -123,13 +123,16 @@ class ChannelHub:
         self._cancelled = cancelled
         self._channels = {}
         self._context = None
+        self._links = None
         self._lock = threading.Lock()
         self._aborted = False
 
-    def begin(self, context=None):
-        """A new run: no channels yet, not aborted."""
+    def begin(self, context=None, links=None):
+        """A new run: no channels yet, not aborted; ``links``: the run's
+        `RunLinks` (its queues over links), or None."""
         self._channels = {}
         self._context = context
+        self._links = links
         self._aborted = False
 
     def channel(self, queue_id, capacity):
@@ -142,6 +145,8 @@ class ChannelHub:
                 if not self._channels:
                     self._cancelled.subscribe(self.abort)
                 found = self._factory(queue_id, capacity, self._context)
+                if self._links is not None:
+                    found = self._links.wrap(queue_id, found)
                 self._channels[queue_id] = found
                 if self._aborted:
                     found.abort()

@@ -39,11 +39,45 @@ if cancelled) or puts ``cancelled.is_set()`` in ``ready``.
 import threading
 import time
 
-__all__ = ["RealClock", "REAL_TIME", "SAFETY_WAKE"]
+__all__ = ["RealClock", "REAL_TIME", "SAFETY_WAKE", "wait_meter",
+           "metered"]
 
 #: seconds after which a condition waiter looks again even unwoken: a
 #: safety net only -- every state change notifies, so nothing depends on it
 SAFETY_WAKE = 5.0
+
+
+class _Meter(threading.local):
+    """Seconds this thread spent waiting while a slow node's op loop
+    measures its ops (`localcluster.runtime.links`): what an op waits
+    for is not what a slower machine would take longer at."""
+    seconds = 0.0
+    active = 0
+
+    def stop(self):
+        self.active -= 1
+
+
+_METER = _Meter()
+
+
+def wait_meter():
+    """This thread's wait meter, counting until its ``stop()``."""
+    _METER.active += 1
+    return _METER
+
+
+def metered(wait):
+    """``wait`` (a blocking call), its time noted on the thread's meter."""
+    def measured(*args, **kwargs):
+        if not _METER.active:
+            return wait(*args, **kwargs)
+        start = time.monotonic()
+        try:
+            return wait(*args, **kwargs)
+        finally:
+            _METER.seconds += time.monotonic() - start
+    return measured
 
 
 class RealClock:
@@ -58,8 +92,12 @@ class RealClock:
     now = staticmethod(time.monotonic)
     now_ns = staticmethod(time.perf_counter_ns)
 
+    @metered
     def wait(self, on, timeout=None, *, until=None, what=None):
-        """See the module docstring (``what`` is not needed here)."""
+        """See the module docstring (``what`` is not needed here;
+        ``timeout=math.inf`` is no timeout)."""
+        if timeout == float("inf"):
+            timeout = None
         if until is None:
             return on.wait(timeout)
         if until():

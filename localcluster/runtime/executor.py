@@ -34,7 +34,6 @@ call in it.
 
 import functools
 import logging
-import sys
 import threading
 import time
 import traceback
@@ -47,6 +46,8 @@ from ..kernels import registry
 from ..kernels.registry import OpContext
 from .cancel import CancelEvent
 from .clock import REAL_TIME
+from .links import run_net_slowed
+from .outputs import store, store_lent
 
 __all__ = ["RunContext", "execute"]
 
@@ -80,6 +81,8 @@ class RunContext:
         self.trace = None   # a list: the run records its step spans there
         #: the run's clock: `REAL_TIME`, or the run's `Scheduler`
         self.clock = REAL_TIME
+        #: every op takes this many times as long (the run's conditions)
+        self.slowdown = 1.0
         #: the node's `NodeFaults` (None: no fault names this node); set
         #: before the first run, since compiled ops bind it
         self.faults = None
@@ -185,8 +188,8 @@ def _accessors(ws):
     """(get, put) for ``ws``: the store's own methods for a global
     workspace (no parent to walk), the workspace's for a child."""
     if ws.parent is None:
-        store = ws.own
-        return store.__getitem__, store.put
+        own = ws.own
+        return own.__getitem__, own.put
     return ws.get, ws.set
 
 
@@ -201,12 +204,12 @@ def _run_net(net, code, get, put, ws, rc, task, step, first=0):
             enumerate(code):
         try:
             if lock is _LENDS:
-                _store_lent(outputs, kernel(*map(get, inputs)), lenient, put,
+                store_lent(outputs, kernel(*map(get, inputs)), lenient, put,
                             ws)
                 continue
             if lock is not None:
                 with lock:
-                    _store(outputs, kernel(*map(get, inputs)), lenient, put)
+                    store(outputs, kernel(*map(get, inputs)), lenient, put)
                 continue
             result = kernel(*map(get, inputs))
             if single is not None:  # the common case: exactly one output
@@ -215,7 +218,7 @@ def _run_net(net, code, get, put, ws, rc, task, step, first=0):
                 put(single, result if type(result) is ndarray
                     else asarray(result))
             elif outputs:
-                _store(outputs, result, lenient, put)
+                store(outputs, result, lenient, put)
         except Cancelled:
             raise
         except Exception as exc:
@@ -233,6 +236,10 @@ def _run_net_switching(net, code, get, put, ws, rc, task, step):
                  index)
 
 
+#: the "lock" of a lending op's compiled code (see `store_lent`)
+_LENDS = object()
+
+
 def _missing_blob(exc, ws, inputs):
     """A bare KeyError of the store's lookup, as the error it means."""
     if type(exc) is KeyError and exc.args and exc.args[0] in inputs and \
@@ -242,67 +249,6 @@ def _missing_blob(exc, ws, inputs):
             "nothing wrote it before it was read: check the order of your "
             "ops, or feed it with session.feed_blob")
     return exc
-
-
-def _store(outputs, result, lenient, put):
-    n_out = len(outputs)
-    if result is None:
-        if lenient:
-            return
-        raise ValueError(f"returned None for {n_out} outputs")
-    if n_out == 1:
-        if isinstance(result, (tuple, list)):
-            if len(result) != 1:
-                raise ValueError(f"returned {len(result)} values for 1 output")
-            result = result[0]
-        put(outputs[0], np.asarray(result))
-        return
-    if not isinstance(result, (tuple, list)) or len(result) != n_out:
-        raise ValueError(f"returned {_describe(result)} for {n_out} outputs")
-    for name, value in zip(outputs, result):
-        put(name, np.asarray(value))
-
-
-#: the "lock" of a lending op's compiled code (see `_store_lent`)
-_LENDS = object()
-
-
-def _store_lent(outputs, lent, lenient, put, ws):
-    """Store what a lending op returned -- ``(outputs, done)`` -- copying
-    the outputs (a node's shared-memory store copies anyway), then hand
-    the memory back.  Elsewhere an output is copied into the array ``ws``
-    holds for it if that has its layout and nothing else refers to it (no
-    view, other blob or fetched result; references: the workspace's,
-    ``current``, getrefcount's argument): no fresh memory per record."""
-    result, done = lent
-    try:
-        if done is None or (ws.parent is None and ws.store.copies):
-            _store(outputs, result, lenient, put)
-        else:
-            own, lookup = ws.own, ws.get_or_none
-            refcount, ndarray = sys.getrefcount, np.ndarray
-            for name, value in zip(outputs, result):
-                current = own.get(name)   # where a reader's outputs live
-                if current is None:
-                    current = lookup(name)
-                if type(current) is ndarray and \
-                        current.shape == value.shape and \
-                        current.dtype == value.dtype and \
-                        refcount(current) == 3:
-                    flags = current.flags
-                    if flags.owndata and flags.writeable:
-                        current[...] = value
-                        continue
-                ws.set(name, np.array(value))
-    finally:
-        if done is not None:
-            done()
-
-
-def _describe(result):
-    if isinstance(result, (tuple, list)):
-        return f"{len(result)} values"
-    return f"one {type(result).__name__}"
 
 
 def _stopped(name, ws):
@@ -385,7 +331,9 @@ def _passes(step, regular, ws, rc, task):
     if step.nets:
         nets = [(net, rc.compiled(net)) for net in step.nets]
         get, put = _accessors(ws)
-        run_net = _run_net_switching if rc.clock.switches else _run_net
+        run_net = _run_net_switching if rc.clock.switches else \
+            _run_net if rc.slowdown == 1.0 else \
+            functools.partial(run_net_slowed, _run_net)
         if step.should_stop_blob is None:  # plain repetition: no stop test
             for _ in range(limit):
                 for net, code in nets:

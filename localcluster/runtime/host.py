@@ -41,6 +41,7 @@ from .cancel import CancelEvent
 from .channels import ChannelHub, LocalChannel
 from .clock import REAL_TIME
 from .executor import RunContext
+from .links import RunLinks
 from .node import run_node_plan
 from .workspace import Workspace
 
@@ -89,8 +90,9 @@ class NodeRuntime:
     """
 
     def __init__(self, name, store=None, channel_factory=None,
-                 plan_cache=PLAN_CACHE, faults=None):
+                 plan_cache=PLAN_CACHE, faults=None, now_ns=time.monotonic_ns):
         self.name = str(name)
+        self._now_ns = now_ns   # the clock records over a link are sent by
         self.workspace = Workspace(self.name, store=store)
         self.cancelled = CancelEvent()
         self._hub = ChannelHub(channel_factory or local_channels,
@@ -132,15 +134,16 @@ class NodeRuntime:
     # -- runs ---------------------------------------------------------------
 
     def run(self, run_id, plan, channels=None, trace=False,
-            copy_outputs=True, epoch=None, clock=None):
+            copy_outputs=True, epoch=None, clock=None, conditions=None):
         """Run ``plan`` (a `NodePlan`, or the id of a loaded one) as run
         ``run_id`` on ``clock`` (None: real time); its `RunResult`.
         ``epoch``: the JobRunner epoch this run is the node's part of (for
-        `Epoch` faults), or None.  Raises what the run raised:
-        `TaskFailedError`, `Cancelled`, ..."""
+        `Epoch` faults), or None; ``conditions``: the node's
+        `NodeConditions` in this run (slowdown, links), or None.  Raises
+        what the run raised: `TaskFailedError`, `Cancelled`, ..."""
         if not isinstance(plan, NodePlan):
             plan = self.plan(plan)
-        self._begin(run_id, channels, trace, clock)
+        self._begin(run_id, channels, trace, clock, conditions)
         start = time.perf_counter()
         try:
             if self.faults is not None and epoch is not None:
@@ -158,11 +161,16 @@ class NodeRuntime:
         return RunResult(outputs, time.perf_counter() - start,
                          self._rc.trace)
 
-    def _begin(self, run_id, channels, trace, clock):
+    def _begin(self, run_id, channels, trace, clock, conditions):
+        links = None
+        if conditions and (conditions.outgoing or conditions.incoming):
+            start = clock.now_ns() if clock is not None else self._now_ns()
+            links = RunLinks(conditions, start, self._now_ns)
         with self._lock:
             self._current = run_id
             self._rc.begin(trace, clock)
-            self._hub.begin(channels)
+            self._rc.slowdown = conditions.slowdown if conditions else 1.0
+            self._hub.begin(channels, links)
             if self._cancelled_upto >= run_id:
                 self.cancelled.set()
 

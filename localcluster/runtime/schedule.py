@@ -27,8 +27,12 @@ then one part per concurrent branching below it (see the scheduler).
 Only real choices are recorded -- a point where one branch alone could go
 on is not a decision.
 
-``op_seconds`` is how much virtual time each op takes (0 by default: ops
-take no time; the clock moves only when every branch waits).  A replay
+``op_seconds`` is how much virtual time each op takes on a node of
+slowdown 1 (0 by default: ops take no time; the clock moves only when
+every branch waits); ``op_seconds="measured"`` charges each op the real
+time it took -- the virtual clock then says how long the run would take
+with every node on a core of its own, but which branch goes first depends
+on those measurements, so two runs may interleave differently.  A replay
 must use the ``op_seconds`` of the run it repeats.
 """
 
@@ -67,6 +71,9 @@ class Schedule:
 
     @property
     def op_ns(self):
+        """Virtual ns per op (0 when ops are measured instead)."""
+        if self.op_seconds == "measured":
+            return 0
         return int(round(self.op_seconds * 1e9))
 
     def chooser(self):
@@ -96,11 +103,13 @@ class Schedule:
 
 
 def _op_seconds(value):
+    if value == "measured":
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             not value >= 0 or value == float("inf"):
         raise ValueError(
-            f"op_seconds must be a finite number of seconds >= 0, got "
-            f"{value!r}")
+            f"op_seconds must be a finite number of seconds >= 0 or "
+            f"'measured', got {value!r}")
     return float(value)
 
 

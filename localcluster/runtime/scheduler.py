@@ -28,17 +28,29 @@ Branch names are stable paths, never thread ids: a node's name, then one
 ``/<label>`` per branching below it (``<step>:<i>`` for concurrent
 substeps and instances, ``<step>:every:<i>`` for reporters).
 
-Virtual time: the clock stands still while branches run (plus
-``op_seconds`` per op) and jumps to the earliest timeout when every branch
-waits.  If no branch waits with a timeout either, nothing can ever go on
-(whatever the run's own timeout): the scheduler records a
-`DeadlockError` naming each waiting branch and what it waits for, goes
-idle and tells the session (``on_idle``), which cancels the run's nodes
-(their waits then end) and raises the error.  An `alarm` (the run's
-timeout) also leaves the scheduler idle when it is due, until the
-session has acted on it and calls `kick`: whatever the session does in
-between (a cancel) happens at that one point of the schedule, so a
-timed-out run is deterministic too.
+Virtual time: every branch has a clock of its own, as every machine of
+a cluster does.  An op costs the schedule's ``op_seconds`` times the
+branch's node's slowdown (or, with ``op_seconds="measured"``, the real
+time it took times the slowdown); a wait with a timeout ends at the
+branch's time plus the timeout; a branch woken by another (a record put,
+a branch ended) goes on at the later of its own time and the waker's.
+The next branch to run is always one with the earliest time among those
+that can go on -- ready ones, waiting ones whose condition holds or whose
+timeout has come -- so whatever a branch sees happened before it in
+virtual time, and a run's virtual length is what it would take with every
+node on a machine of its own.  With ``op_seconds=0`` (the default) every
+branch's clock stands still while it runs and all that can go on are
+tied: the choice is the schedule's.  If no branch can go on and none
+waits with a timeout, nothing ever will (whatever the run's own
+timeout): the scheduler records a `DeadlockError` naming each waiting
+branch and what it waits for, goes idle and tells the session
+(``on_idle``), which cancels the run's nodes (their waits then end) and
+raises the error.  A wait for time with no end (``timeout=math.inf``: a
+partition that never heals) is not a deadlock while the run has a
+timeout: that comes first.  An `alarm` (the run's timeout) also leaves
+the scheduler idle when it is due, until the session has acted on it and
+calls `kick`: whatever the session does in between (a cancel) happens at
+that one point of the schedule, so a timed-out run is deterministic too.
 
 A wait inside a branch must not hold a lock another branch may take
 while parked: the condition of ``wait(cond, until=...)`` is released
@@ -47,7 +59,9 @@ op, with no switch point inside.  A Python op that blocks on something
 of its own (a lock, a socket) is outside the schedule's view.
 """
 
+import math
 import threading
+import time
 
 from ..errors import Cancelled, DeadlockError, ScheduleDivergedError
 from .clock import REAL_TIME
@@ -62,15 +76,22 @@ PARK_WAKE = 1.0
 
 
 class _Branch:
-    __slots__ = ("name", "state", "cond", "until", "deadline", "what")
+    __slots__ = ("name", "state", "cond", "until", "deadline", "what", "t",
+                 "slowdown", "since", "woken", "held", "timed_out")
 
-    def __init__(self, name, lock):
+    def __init__(self, name, lock, t, slowdown):
         self.name = name
         self.state = READY
         self.cond = threading.Condition(lock)
         self.until = None     # what ends its wait (a callable)
         self.deadline = None  # virtual ns at which its wait times out
         self.what = None      # what it waits for, in words
+        self.t = t            # its virtual time, ns
+        self.slowdown = slowdown
+        self.since = 0        # perf_counter_ns when it last got the baton
+        self.woken = None     # the time its wait's condition first held
+        self.held = False     # it waits for time with no end
+        self.timed_out = False
 
     def __repr__(self):
         return f"<branch {self.name!r} {self.state}>"
@@ -87,11 +108,14 @@ class Scheduler:
     def __init__(self, schedule, start_ns=0, on_idle=None):
         self.schedule = schedule
         self._op_ns = schedule.op_ns
+        self._measured = schedule.op_seconds == "measured"
         self._chooser = schedule.chooser()
         self._lock = threading.Lock()
         self._branches = {}   # live branches by name
         self._current = None  # the branch holding the baton
-        self._ns = int(start_ns)
+        self._ns = int(start_ns)   # the time of the last pick
+        self._end = self._ns       # the latest time a branch ended at
+        self._last = self._ns      # the time of the branch that yielded last
         self._alarms = []     # [(ns, fn)]
         self._on_idle = on_idle or (lambda: None)
         self._local = threading.local()
@@ -108,10 +132,17 @@ class Scheduler:
     # -- the clock ----------------------------------------------------------
 
     def now(self):
-        return self._ns / 1e9
+        return self.now_ns() / 1e9
 
     def now_ns(self):
-        return self._ns
+        """The calling branch's time; elsewhere (the session's side) the
+        time the run has reached."""
+        me = getattr(self._local, "branch", None)
+        return self._ns if me is None else me.t
+
+    def end_ns(self):
+        """The latest time the run reached: when its last branch ended."""
+        return max(self._ns, self._end)
 
     def point(self):
         """An op boundary: the next branch may run first."""
@@ -119,7 +150,9 @@ class Scheduler:
         if me is None:
             return
         with self._lock:
-            self._ns += self._op_ns
+            self._charge(me)
+            self._last = me.t
+            me.t += int(self._op_ns * me.slowdown)
             me.state = READY
             try:
                 self._switch(me)
@@ -135,11 +168,11 @@ class Scheduler:
         if until is not None:
             on.release()  # others may change what ``until`` reads
         try:
-            self._wait(me, ready, timeout, what or "an event")
+            timed_out = self._wait(me, ready, timeout, what or "an event")
         finally:
             if until is not None:
                 on.acquire()
-        return bool(ready())
+        return not timed_out and bool(ready())
 
     def branches(self, labels, fns, thread_name):
         """Branches ``<this branch>/<label>`` running ``fns``."""
@@ -152,10 +185,11 @@ class Scheduler:
         """The decisions made so far (branch names)."""
         return self._chooser.decisions
 
-    def add(self, name):
-        """A root branch (a node), before `kick` starts the run."""
+    def add(self, name, slowdown=1.0):
+        """A root branch (a node, whose ops take ``slowdown`` times as
+        long), before `kick` starts the run."""
         with self._lock:
-            return self._add(name)
+            return self._add(name, self._ns, slowdown)
 
     def run_as(self, branch, fn):
         """``fn()`` on this thread as ``branch``, once it has the baton."""
@@ -193,14 +227,21 @@ class Scheduler:
 
     # -- inside -------------------------------------------------------------
 
-    def _add(self, name):
+    def _add(self, name, t, slowdown):
         if name in self._branches:  # same label twice under one parent
             k = 2
             while f"{name}~{k}" in self._branches:
                 k += 1
             name = f"{name}~{k}"
-        branch = self._branches[name] = _Branch(name, self._lock)
+        branch = self._branches[name] = _Branch(name, self._lock, t,
+                                                float(slowdown))
         return branch
+
+    def _charge(self, me):
+        """With measured op costs: the real time ``me`` ran since it got
+        the baton, times its slowdown, onto its clock (lock held)."""
+        if self._measured and me.since:
+            me.t += int((time.perf_counter_ns() - me.since) * me.slowdown)
 
     def _enter(self, branch):
         self._local.branch = branch
@@ -211,19 +252,32 @@ class Scheduler:
     def _leave(self, branch):
         self._local.branch = None
         with self._lock:
+            self._charge(branch)
+            branch.since = 0
+            self._last = branch.t
+            self._end = max(self._end, branch.t)
             branch.state = DONE
             self._branches.pop(branch.name, None)
             if self._current is branch:
                 self._pick()
 
     def _wait(self, me, ready, timeout, what):
+        """Park ``me`` until ``ready()`` or its timeout; True if it timed
+        out."""
         with self._lock:
+            self._charge(me)
+            self._last = me.t
             me.state, me.until, me.what = WAITING, ready, what
-            me.deadline = None if timeout is None else self._ns + _ns(timeout)
+            me.held = timeout == math.inf
+            me.deadline = None if timeout is None or me.held \
+                else me.t + _ns(timeout)
+            me.woken, me.timed_out = None, False
             try:
                 self._switch(me)
             finally:
                 me.state, me.until, me.deadline = RUNNING, None, None
+                me.held = False
+            return me.timed_out
 
     def _switch(self, me):
         """Hand the baton on (lock held); return once ``me`` has it."""
@@ -236,31 +290,39 @@ class Scheduler:
                 raise Cancelled(f"branch {me.name!r} was still waiting when "
                                 "its run's schedule ended")
             me.cond.wait(PARK_WAKE)
+        if self._measured:
+            me.since = time.perf_counter_ns()
 
     def _pick(self):
-        """Give the baton to the next branch, jumping the clock if every
-        branch waits; or go idle (lock held)."""
+        """Give the baton to the branch that can go on earliest (the
+        schedule's choice among those tied), or go idle (lock held)."""
         self._current = None
-        while True:
-            if self._alarms and self._fire_alarms():
+        keys = self._candidates()
+        if keys:
+            key = min(k for k, _ in keys.values())
+            if self._alarms and min(a for a, _ in self._alarms) <= key:
+                self._fire_alarms(key)
                 return
-            ready = self._ready()
-            if ready:
-                name = self._choose(ready)
-                if name is None:
-                    return
-                branch = self._current = self._branches[name]
-                branch.cond.notify()
+            tied = sorted(n for n, (k, _) in keys.items() if k == key)
+            name = self._choose(tied)
+            if name is None:
                 return
-            if not self._branches:
-                return  # the run is over
-            due = self._next_due()
-            if due is None:
-                if self.failure is None:
-                    self.failure = self._deadlock()
-                    self._on_idle()
-                return
-            self._ns = max(self._ns, due)  # every branch waits: jump
+            branch = self._current = self._branches[name]
+            branch.timed_out = keys[name][1]
+            branch.t = max(branch.t, key)
+            self._ns = max(self._ns, key)
+            branch.cond.notify()
+            return
+        if not self._branches:
+            return  # the run is over
+        if self._alarms and any(b.held for b in self._branches.values()):
+            # held for good (a partition that never heals): the run's
+            # timeout comes first
+            self._fire_alarms(min(a for a, _ in self._alarms))
+            return
+        if self.failure is None:
+            self.failure = self._deadlock()
+            self._on_idle()
 
     def _choose(self, ready):
         if len(ready) == 1 or self.failure is not None:
@@ -272,37 +334,34 @@ class Scheduler:
             self._on_idle()
             return None
 
-    def _ready(self):
-        now = self._ns
-        ready = []
+    def _candidates(self):
+        """``{name: (time it can go on at, by its timeout)}`` of the
+        branches that can go on."""
+        found = {}
         for name, b in self._branches.items():
             if b.state is READY:
-                ready.append(name)
-            elif b.state is WAITING and (
-                    (b.deadline is not None and b.deadline <= now) or
-                    _holds(b.until)):
-                ready.append(name)
-        ready.sort()
-        return ready
+                found[name] = (b.t, False)
+            elif b.state is WAITING:
+                if _holds(b.until):
+                    if b.woken is None:
+                        b.woken = max(b.t, self._last)
+                    if b.deadline is not None and b.deadline < b.woken:
+                        found[name] = (b.deadline, True)
+                    else:
+                        found[name] = (b.woken, False)
+                else:
+                    b.woken = None
+                    if b.deadline is not None:
+                        found[name] = (b.deadline, True)
+        return found
 
-    def _next_due(self):
-        """The earliest timeout of a waiting branch, or of an alarm before
-        it; None if no branch waits with a timeout -- a pending alarm (the
-        run's timeout) does not save a run from being a deadlock."""
-        dues = [b.deadline for b in self._branches.values()
-                if b.state is WAITING and b.deadline is not None]
-        if not dues:
-            return None
-        return min(dues + [ns for ns, _ in self._alarms])
-
-    def _fire_alarms(self):
-        due = [a for a in self._alarms if a[0] <= self._ns]
-        if not due:
-            return False
-        for alarm in due:
+    def _fire_alarms(self, now):
+        """The clock reached ``now``: fire the alarms due by then."""
+        self._ns = max(self._ns, now)
+        self._last = self._ns
+        for alarm in [a for a in self._alarms if a[0] <= now]:
             self._alarms.remove(alarm)
             alarm[1]()
-        return True
 
     def _deadlock(self):
         waiting = sorted((name, b.what) for name, b in self._branches.items()
@@ -344,7 +403,13 @@ class _Branches:
         parent = getattr(s._local, "branch", None)
         prefix = parent.name + "/" if parent is not None else ""
         with s._lock:
-            self.children = [s._add(prefix + label) for label in self._labels]
+            if parent is not None:
+                s._charge(parent)
+                parent.since = time.perf_counter_ns() if s._measured else 0
+            t, slow = (parent.t, parent.slowdown) if parent is not None \
+                else (s._ns, 1.0)
+            self.children = [s._add(prefix + label, t, slow)
+                             for label in self._labels]
         for i, (child, fn) in enumerate(zip(self.children, self._fns)):
             t = threading.Thread(target=self._main, args=(child, fn),
                                  daemon=True, name=f"{self._thread_name}:{i}")

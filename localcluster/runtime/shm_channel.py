@@ -97,6 +97,7 @@ import threading
 
 from . import shm
 from .cancel import CancelEvent
+from .clock import metered
 from .shm_control import (CLOSED, CONSUMER_SLEEPS, FREED, HEAD, MAX_CAPACITY,
                           REUSED, TAIL, WAIT_CONSUMERS, WAIT_PRODUCERS,
                           ChannelParts, control_words, drain, fifo, layout,
@@ -161,6 +162,7 @@ class ShmChannel:
 
     # -- waiting ------------------------------------------------------------
 
+    @metered
     def _sleep(self, waiting, bell, patience, cancelled, sleeps=None):
         """Sleep until doorbell ``bell`` rings or the run is cancelled, or
         for ``patience()`` seconds at most: a look at the words once this

@@ -291,7 +291,8 @@ class _NodeServer:
         result = self.runtime.run(rid, plan_id, channels,
                                   bool(options.get("trace")),
                                   copy_outputs=False,
-                                  epoch=options.get("epoch"))
+                                  epoch=options.get("epoch"),
+                                  conditions=options.get("conditions"))
         return {"outputs": self.outbox.pack(result.outputs),
                 "seconds": result.seconds, "trace": result.trace}
 

@@ -4,7 +4,8 @@
 
     NodeActor (max_concurrency=2: a cancel arrives during a run)
       runtime: NodeRuntime(name, channel_factory=actor_channels, faults)
-      run((rid, plan id, plan bytes | None, trace, epoch, channels))
+      run((rid, plan id, plan bytes | None, trace, epoch, channels,
+           conditions))
           -> ("ok", outputs, trace) | ("error", error_info)
       cancel(rid) / fetch / feed / blobs / has
       reset(name, faults, book) -> pid: a pooled actor becomes another
@@ -54,8 +55,10 @@ class NodeActor:
         if faults:   # a Kill ends this actor's process for real
             node_faults = NodeFaults(name, faults, RemoteBook(book),
                                      die_in_process)
+        # records over a link carry wall-clock times: an actor's peer may
+        # be on another machine, whose monotonic clock is its own
         self.runtime = NodeRuntime(name, channel_factory=actor_channels,
-                                   faults=node_faults)
+                                   faults=node_faults, now_ns=time.time_ns)
         announce_name(name)
         return os.getpid()
 
@@ -69,8 +72,9 @@ class NodeActor:
 
     def run(self, request):
         """``request``: ``(rid, plan id, plan bytes or None, trace, epoch,
-        channels)`` -- one argument, as Ray serializes each separately."""
-        rid, plan_id, plan_bytes, trace, epoch, channels = request
+        channels, conditions)`` -- one argument, as Ray serializes each separately."""
+        rid, plan_id, plan_bytes, trace, epoch, channels, conditions = \
+            request
         try:
             if plan_bytes is not None:
                 try:
@@ -81,7 +85,7 @@ class NodeActor:
             # queues between nodes: the run's channel actors; within the
             # node: in-process channels, new every run
             result = self.runtime.run(rid, plan_id, (channels, {}), trace,
-                                      epoch=epoch)
+                                      epoch=epoch, conditions=conditions)
         except BaseException as exc:  # noqa: BLE001 - sent to the driver
             return ("error", P.error_info(exc))
         return ("ok", result.outputs, result.trace)

@@ -50,7 +50,7 @@ import numpy as np
 import ray
 
 from ..errors import Cancelled
-from ..runtime.clock import REAL_TIME
+from ..runtime.clock import REAL_TIME, metered
 from ..runtime.host import local_channels
 
 __all__ = ["ChannelActor", "RayChannel", "actor_channels", "BATCH"]
@@ -221,7 +221,7 @@ class RayChannel:
             self._cancelled()
         n = max(1, int(n))
         if len(self._inbox) < n:
-            status, records = ray.get(self._handle.get_many.remote(
+            status, records = _metered_get(self._handle.get_many.remote(
                 n - len(self._inbox), BATCH))
             if status == "aborted":
                 self._cancelled()
@@ -232,6 +232,11 @@ class RayChannel:
         records = [self._inbox.popleft()
                    for _ in range(min(n, len(self._inbox)))]
         return records, not records, None
+
+
+#: a blocking ray.get, its time noted as a wait (not an op's work: see
+#: `localcluster.runtime.links`)
+_metered_get = metered(ray.get)
 
 
 def actor_channels(queue_id, capacity, context):

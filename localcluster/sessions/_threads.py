@@ -100,10 +100,12 @@ def work(jobs):
         job()
 
 
-def run_node(runtime, rid, plan, channels, trace, events, epoch=None):
+def run_node(runtime, rid, plan, channels, trace, events, epoch=None,
+             conditions=None):
     """A worker's job: ``plan`` on ``runtime``; the outcome to ``events``."""
     try:
-        result = runtime.run(rid, plan, channels, trace, epoch=epoch)
+        result = runtime.run(rid, plan, channels, trace, epoch=epoch,
+                             conditions=conditions)
     except BaseException as exc:  # noqa: BLE001 - handed to the driver
         events.put((plan.node, None, exc))
     else:
@@ -169,12 +171,12 @@ class ScheduledRunIO(ThreadRunIO):
 
 
 def run_scheduled_node(sched, branch, cancel_run, runtime, rid, plan,
-                       channels, trace, events, epoch=None):
+                       channels, trace, events, epoch=None, conditions=None):
     """A worker's job under a schedule: the node's run as its branch."""
     def body():
         try:
             return runtime.run(rid, plan, channels, trace, clock=sched,
-                               epoch=epoch)
+                               epoch=epoch, conditions=conditions)
         except BaseException:
             # the other nodes stop at this point of the schedule, not when
             # the driver gets round to it
@@ -207,11 +209,13 @@ def run_scheduled(session, plans, rid, channels, trace, timeout):
     if timeout is not None:
         sched.alarm(timeout, io.deadline)
     for plan in plans:
-        branch = sched.add(plan.node)
+        conditions = session._conditions_of(plan.node)
+        branch = sched.add(plan.node, conditions.slowdown if conditions
+                           else 1.0)
         session._worker(plan.node).put(functools.partial(
             run_scheduled_node, sched, branch, cancel_run,
             runtimes[plan.node], rid, plan, channels, trace, io.events,
-            session.current_epoch))
+            session.current_epoch, conditions))
     state = driver.start(nodes, rid, io.started, timeout)
     sched.kick()
     try:
@@ -222,5 +226,7 @@ def run_scheduled(session, plans, rid, channels, trace, timeout):
         raise
     finally:
         session.last_schedule = list(sched.decisions)
-        session._virtual_ns = sched.now_ns()
+        end = sched.end_ns()
+        session.last_run_simulated_seconds = (end - io._v0) / 1e9
+        session._virtual_ns = end
         sched.close()

@@ -18,8 +18,9 @@ import threading
 import time
 import weakref
 
-from ..errors import PlanError, SessionClosedError
+from ..errors import PlanError, RunTimeoutError, SessionClosedError
 from ..plan.builder import NetBuilder
+from ..plan.conditions import as_conditions
 from ..plan.faults import Kill, as_fault_plan
 from ..plan.net import Net, plan_epoch
 from ..plan.node_plan import WorkspaceType, as_workspace_type
@@ -27,6 +28,7 @@ from ..plan.step import ExecutionStep, to_execution_step
 from ..plan.validate import check_seconds
 from ..runtime.procstats import process_stats
 from ..task import Cluster, Task, TaskGroup
+from ._conditions import RunConditions, timeout_note
 
 __all__ = ["Session", "SessionState"]
 
@@ -42,9 +44,18 @@ class SessionState(enum.Enum):
 class Session:
     """Base of every session; see the module docstring."""
 
-    def __init__(self, faults=None):
+    def __init__(self, faults=None, conditions=None):
         #: the `FaultPlan` this session fires (None: no faults)
         self.faults = as_fault_plan(faults, type(self).__name__)
+        #: the `Link` and `Slowdown` conditions of every run (after the
+        #: links of the job's Cluster: these win)
+        self.conditions = as_conditions(conditions, type(self).__name__)
+        self._conds = RunConditions(self.conditions, self.faults)
+        #: ``{node: NodeConditions}`` of the run in progress, or None
+        self.run_conditions = None
+        #: the virtual seconds the last run took under a deterministic
+        #: schedule (None without one)
+        self.last_run_simulated_seconds = None
         self._fault_times = None   # the fault book's times: the session's
         self._fault_seen = set()
         #: the JobRunner epoch the run in progress is part of (the runner
@@ -159,10 +170,21 @@ class Session:
             log.debug("running %d node plan(s)", len(plans))
             self.last_run_seconds = {}
             self.last_run_trace = {}
+            self.last_run_simulated_seconds = None
+            self.run_conditions = self._conds.of_run(group, plans,
+                                                     self.current_epoch)
+            self._conds.fired(self.faults, self._fault_seen)
             self._run_started = time.monotonic()
             try:
                 results = self._run_plans(plans, timeout)
+            except RunTimeoutError as exc:
+                note = timeout_note(self._conds.last_partitions)
+                if not note:
+                    raise
+                raise RunTimeoutError(str(exc) + note, nodes=exc.nodes,
+                                      killed=exc.killed) from None
             finally:
+                self.run_conditions = None
                 self._sync_faults()
         for node, output in outputs:
             values = results[node]
@@ -259,6 +281,7 @@ def _solo_copy(task, group, wtype):
     """
     solo = Task(step=task.get_step(), node=task.node, group=group,
                 name=task.name.split("/", 1)[1], workspace_type=wtype)
+    solo.cluster = task.cluster
     for output in task.outputs():
         solo.add_output(output)
     return solo

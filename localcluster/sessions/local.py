@@ -53,10 +53,11 @@ class LocalSession(Session):
     """Run every node in this process (see the module docstring).
 
     ``schedule``: None (threads run freely), a seed (an int) or a
-    `localcluster.testing.Schedule`; ``faults``: a `FaultPlan` to fire."""
+    `localcluster.testing.Schedule`; ``faults``: a `FaultPlan` to fire;
+    ``conditions``: `Link` and `Slowdown` conditions of every run."""
 
-    def __init__(self, schedule=None, faults=None):
-        super().__init__(faults=faults)
+    def __init__(self, schedule=None, faults=None, conditions=None):
+        super().__init__(faults=faults, conditions=conditions)
         if self.faults is not None:
             self._fault_times = np.zeros(len(self.faults))
             self._fault_book = FaultBook(self._fault_times)
@@ -154,7 +155,9 @@ class LocalSession(Session):
             runtime = self._runtime(plan.node)
             try:
                 result = runtime.run(rid, plan, channels, trace,
-                                     epoch=self.current_epoch)
+                                     epoch=self.current_epoch,
+                                     conditions=self._conditions_of(
+                                         plan.node))
             except NodeDeath as death:
                 raise self._died(death) from None
             except BaseException:
@@ -166,10 +169,16 @@ class LocalSession(Session):
         for plan in plans:
             self._worker(plan.node).put(functools.partial(
                 run_node, self._runtime(plan.node), rid, plan, channels,
-                trace, io.events, self.current_epoch))
+                trace, io.events, self.current_epoch,
+                self._conditions_of(plan.node)))
         state = driver.start([p.node for p in plans], rid, time.monotonic(),
                              timeout)
         return driver.drive(state, io, CANCEL_GRACE, timeout)
+
+    def _conditions_of(self, node):
+        """The run's `NodeConditions` of ``node``, or None."""
+        found = self.run_conditions
+        return found.get(node) if found is not None else None
 
     def _queues_of(self, plan):
         found = self._queues.get(plan)

@@ -75,13 +75,14 @@ class LocalHostScheduler(Session):
     ``start_method`` is ``'fork'`` (default), ``'forkserver'`` or
     ``'spawn'``; ``timeout`` is the default of ``run(timeout=)``;
     ``nodes`` (a `Cluster` or a list of node names) starts those nodes now
-    instead of on first use.
+    instead of on first use; ``faults``: a `FaultPlan`; ``conditions``:
+    `Link` and `Slowdown` conditions of every run.
     """
 
     def __init__(self, start_method="fork", timeout=None, nodes=None,
-                 faults=None, schedule=None):
+                 faults=None, schedule=None, conditions=None):
         check_arguments(start_method, timeout, schedule)
-        super().__init__(faults=faults)
+        super().__init__(faults=faults, conditions=conditions)
         self._ctx = multiprocessing.get_context(start_method)
         self._start_method = start_method
         self._default_timeout = timeout
@@ -196,12 +197,17 @@ class LocalHostScheduler(Session):
         options = {"trace": self.trace_steps}
         if self.current_epoch is not None:
             options["epoch"] = self.current_epoch
+        conditions = self.run_conditions or {}
         try:
             for handle in handles:
+                node_options = self._queues.options_for(handle.name, options)
+                if handle.name in conditions:
+                    node_options = dict(node_options,
+                                        conditions=conditions[handle.name])
                 try:
                     handle.send(run_message(
                         handle, rid, prepared[handle.name], channels,
-                        self._queues.options_for(handle.name, options)))
+                        node_options))
                     handle.state = NodeState.RUNNING
                 except (OSError, EOFError):
                     driver.apply(state, (driver.DIED, handle.name,

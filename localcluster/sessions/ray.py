@@ -100,7 +100,8 @@ class RaySession(Session):
     the Ray this process already initialised); ``namespace``: Ray's;
     ``pool``: an `ActorPool` to take warm actors from and give them back
     to at `close()` (None: actors are started here and killed at
-    `close()`); further keyword arguments go to ``ray.init``."""
+    `close()`); ``faults``, ``conditions``: as every session's; further
+    keyword arguments go to ``ray.init``."""
 
     #: what a checkpoint error adds: each actor writes its own files
     CHECKPOINT_REACH = (
@@ -109,8 +110,8 @@ class RaySession(Session):
         "reach at the same absolute path (a shared filesystem)")
 
     def __init__(self, address=None, namespace=None, faults=None, pool=None,
-                 **ray_init_kwargs):
-        super().__init__(faults=faults)
+                 conditions=None, **ray_init_kwargs):
+        super().__init__(faults=faults, conditions=conditions)
         self._pool = pool
         self._owns_ray = connect(address, namespace, **ray_init_kwargs)
         self._actor_class = ray.remote(max_concurrency=2,
@@ -335,7 +336,8 @@ class RaySession(Session):
             plan_id, payload, _ = prepared[plan.node]
             send = payload if must_send(node.plans, plan_id) else None
             request = (rid, plan_id, send, self.trace_steps,
-                       self.current_epoch, channels)
+                       self.current_epoch, channels,
+                       (self.run_conditions or {}).get(plan.node))
             ref = node.actor.run.remote(request)
             refs[ref] = plan.node
         io = _RayRunIO(self, refs)
