@@ -29,6 +29,8 @@ from .job import EpochReport, Job, JobRunner, TrainResult, epoch_limiter
 from .kernels import register_op
 from .pipeline import Output, pipe, pipe_and_output
 from .queues import Queue
+from .plan.conditions import Link, Slowdown
+from .plan.faults import Partition
 from .plan import (BlobRef, ExecutionStep, Net, NetBuilder, SetupNets,
                    execution_step, ops, to_execution_step)
 from .sessions import LocalHostScheduler, LocalSession, Session
@@ -52,8 +54,9 @@ __all__ = [
     "Job", "JobRunner", "epoch_limiter", "EpochReport", "TrainResult",
     "CheckpointManager", "MultiNodeCheckpointManager",
     "UploadTaskGroupBuilder", "MetadataHandler",
-    # sessions
-    "Session", "LocalSession", "LocalHostScheduler",
+    # sessions and cluster conditions
+    "Session", "LocalSession", "LocalHostScheduler", "Link", "Slowdown",
+    "Partition",
     # errors
     "LocalClusterError", "PlanError", "TaskFailedError", "NodeFailedError",
     "CheckpointError", "CheckpointWarning", "SessionClosedError", "RunTimeoutError",

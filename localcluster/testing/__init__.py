@@ -1,7 +1,9 @@
 """The testing kit: test the scheduling semantics of your own jobs.
 
 - Fault plans (`FaultPlan` of `Kill`, `Hang`, `Delay`, `FailCheckpoint` at
-  `Epoch`, `Op` or `Step`), taken by every session as ``faults=``.
+  `Epoch`, `Op` or `Step`, and `Partition`), taken by every session as
+  ``faults=``; cluster conditions (`Link`, `Slowdown`), as
+  ``conditions=``.
 - Deterministic schedules: ``LocalSession(schedule=seed)`` or
   ``LocalSession(schedule=Schedule(...))`` runs one branch at a time, in
   an order a seeded generator picks, on a virtual clock;
@@ -22,12 +24,13 @@ from ..errors import DeadlockError, ScheduleDivergedError
 from .checks import (ALL_CHECKS, JobCheckFailed, check_job,
                      restart_recovers, resume_equals_uninterrupted,
                      schedule_independent, sessions_agree)
+from ..plan.conditions import Link, Slowdown
 from ..plan.faults import (Delay, Epoch, FailCheckpoint, FaultPlan, Fired,
-                           Hang, Kill, Op, Step)
+                           Hang, Kill, Op, Partition, Step)
 from ..runtime.schedule import Schedule
 
 __all__ = ["FaultPlan", "Kill", "Hang", "Delay", "FailCheckpoint", "Epoch",
-           "Op", "Step", "Fired", "Schedule", "DeadlockError",
+           "Op", "Step", "Partition", "Link", "Slowdown", "Fired", "Schedule", "DeadlockError",
            "ScheduleDivergedError", "check_job", "sessions_agree",
            "resume_equals_uninterrupted", "restart_recovers",
            "schedule_independent", "ALL_CHECKS", "JobCheckFailed"]
