@@ -170,6 +170,7 @@ class EpochWatch:
             report.seconds > 0 else None
         self.summary["epochs"].append({
             "epoch": report.epoch, "seconds": report.seconds,
+            "simulated_seconds": report.simulated_seconds,
             "checkpoint_seconds": report.checkpoint_seconds,
             "metrics": values, "records_per_s": rate,
             "nodes": {n: dict(per_node.get(n, {}),
@@ -195,8 +196,10 @@ class EpochWatch:
             if u.get("cpu_percent") is not None
             else f"{n} {mib(u['rss_bytes'])}"
             for n, u in per_node.items())
+        simulated = "" if report.simulated_seconds is None else \
+            f" (simulated {report.simulated_seconds:.3f} s)"
         return (f"epoch {report.epoch:>3}  {report.seconds:7.3f} s"
-                f"  {shown}{rate_text}  | {node_text}")
+                f"{simulated}  {shown}{rate_text}  | {node_text}")
 
     def done_line(self, last, seconds, checkpoint_dir):
         """The line that ends a run."""

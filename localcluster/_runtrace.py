@@ -105,7 +105,10 @@ def _kind(mode):
 def chrome_trace(nodes, epochs, saves):
     """Chrome trace-event JSON: the runner and every node a process (a
     track); epochs and checkpoints on the runner's, each node's part of an
-    epoch and its steps (a thread per executor thread) on the node's."""
+    epoch and its steps (a thread per executor thread) on the node's.
+    Epochs run under a deterministic schedule are drawn on its virtual
+    clock -- what the run would take with a machine per node -- and the
+    file says so (``otherData.clock``: "simulated"; else "wall")."""
     pids = {"runner": 0, **{node: i + 1 for i, node in enumerate(nodes)}}
     events = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                "ts": 0,
@@ -127,19 +130,39 @@ def chrome_trace(nodes, epochs, saves):
                        "dur": round(max(seconds, 0) * 1e6, 1),
                        "args": args or {}})
 
+    simulated = any(r.simulated_seconds is not None for r in epochs)
     for report in epochs:
-        span(f"epoch {report.epoch}", "epoch", 0, 0, report.started,
-             report.seconds, {"stopped": report.stopped})
-        for node, seconds in report.node_seconds.items():
+        started, seconds, node_seconds = report.started, report.seconds, \
+            report.node_seconds
+        if simulated:
+            # the virtual clock's timeline: the epoch from its first step
+            started, node_seconds = _virtual_epoch(report)
+            seconds = report.simulated_seconds or 0.0
+        span(f"epoch {report.epoch}", "epoch", 0, 0, started,
+             seconds, {"stopped": report.stopped})
+        for node, seconds in node_seconds.items():
             if node in pids:
                 span(f"epoch {report.epoch}", "task", pids[node], 0,
-                     report.started, seconds)
+                     started, seconds)
         for node, spans in (report.trace or {}).items():
             if node not in pids:
                 continue
             for name, task, thread, start, end in spans:
                 span(name, "step", pids[node], tid(node, thread), start,
                      end - start, {"task": task})
-    for epoch, started, seconds in saves:
-        span(f"checkpoint {epoch}", "checkpoint", 0, 0, started, seconds)
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    if not simulated:   # saves are timed in wall time only
+        for epoch, started, seconds in saves:
+            span(f"checkpoint {epoch}", "checkpoint", 0, 0, started,
+                 seconds)
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"clock": "simulated" if simulated else "wall"}}
+
+
+def _virtual_epoch(report):
+    """(start, {node: seconds}) of a simulated epoch on the virtual
+    timeline, from its step spans (virtual seconds)."""
+    spans = report.trace or {}
+    starts = [s[3] for node in spans.values() for s in node]
+    start = min(starts) if starts else 0.0
+    return start, {node: max(s[4] for s in node_spans) - start
+                   for node, node_spans in spans.items() if node_spans}

@@ -13,6 +13,7 @@ from . import (JobRunner, LocalClusterError, LocalHostScheduler,
                LocalSession, TaskOutput)
 from .plan.faults import FaultPlan
 from ._rundir import is_run_file
+from ._runconditions import session_options
 from ._runfail import describe, resume_hint
 from ._runjob import DEFAULT_JOB, UsageError, job_nodes
 from ._runreport import EpochWatch, Progress, Usage
@@ -51,11 +52,12 @@ class Run:
                                 "TaskOutputs (task.add_output(blob) makes "
                                 "one)")
         session_class = _session_class(args.session)
-        progress = self._header(session_class)
-        started = time.monotonic()
-        kwargs = {"faults": args.faults}
+        kwargs = {"faults": args.faults,
+                  **session_options(args, self.job)}
         if args.session == "ray" and args.ray_address:
             kwargs["address"] = args.ray_address
+        progress = self._header(session_class, kwargs)
+        started = time.monotonic()
         session = session_class(**kwargs)
         try:
             session.trace_steps = self.trace is not None
@@ -81,12 +83,19 @@ class Run:
             session.close()
         return self._done(last, time.monotonic() - started, progress)
 
-    def _header(self, session_class):
+    def _header(self, session_class, kwargs):
         args, resume = self.args, self.resume
         progress = Progress(self.out, live=self.out.isatty())
         n = len(self.nodes)
         progress.line(f"localcluster: {n} node{'' if n == 1 else 's'} "
                       f"({', '.join(self.nodes)}), {session_class.__name__}")
+        if kwargs.get("conditions"):
+            progress.line("  conditions: " + "; ".join(
+                str(c) for c in kwargs["conditions"]))
+        if kwargs.get("schedule") is not None:
+            progress.line(f"  simulated: {kwargs['schedule']!r} -- epochs "
+                          "show virtual time (a machine per node) beside "
+                          "wall time")
         progress.line(f"  checkpoints: {self.directory}"
                       + (f" (resuming from epoch {resume})"
                          if resume is not None else ""))

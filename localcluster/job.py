@@ -145,10 +145,12 @@ class EpochReport:
     """What the runner reports of one epoch."""
 
     __slots__ = ("epoch", "seconds", "node_seconds", "checkpoint_seconds",
-                 "stopped", "checkpoint_error", "started", "trace")
+                 "stopped", "checkpoint_error", "started", "trace",
+                 "simulated_seconds")
 
     def __init__(self, epoch, seconds, node_seconds, checkpoint_seconds,
-                 stopped, checkpoint_error=None, started=None, trace=None):
+                 stopped, checkpoint_error=None, started=None, trace=None,
+                 simulated_seconds=None):
         self.epoch = epoch
         self.seconds = seconds              # the epoch group's run
         self.node_seconds = node_seconds    # {node: s until it finished}
@@ -157,6 +159,9 @@ class EpochReport:
         self.checkpoint_error = checkpoint_error  # message, or None
         self.started = started              # time.time() at the start
         self.trace = trace  # session.last_run_trace of the epoch, if traced
+        #: the epoch group's run in virtual seconds, under a deterministic
+        #: schedule (what it would take with a machine per node), else None
+        self.simulated_seconds = simulated_seconds
 
     def __repr__(self):
         return (f"EpochReport(epoch={self.epoch}, seconds={self.seconds:.3f}"
@@ -319,6 +324,7 @@ class JobRunner:
                 session.current_epoch = None
             seconds = time.monotonic() - start
             node_seconds = dict(session.last_run_seconds)
+            simulated = getattr(session, "last_run_simulated_seconds", None)
             trace = dict(session.last_run_trace) if session.trace_steps \
                 else None
             stop = any(_truthy(o.fetch()) for o in self.job.stop_conditions)
@@ -326,7 +332,7 @@ class JobRunner:
             error = self._save(session, epoch, final=stop)
             report = EpochReport(epoch, seconds, node_seconds,
                                  time.monotonic() - start, stop, error,
-                                 started, trace)
+                                 started, trace, simulated)
             self.result.epochs.append(report)
             log.info("epoch %d done in %.3f s (%s)%s", epoch, seconds,
                      ", ".join(f"{n} {s:.3f} s" for n, s in

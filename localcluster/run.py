@@ -43,6 +43,7 @@ import tempfile
 
 from . import LocalClusterError, PlanError, printer
 from ._runcheck import run_checks
+from ._runconditions import SIM_OP_SECONDS, resolve_session
 from ._rundir import (TEMP_PREFIX, DirLock, check_fresh, discard_if_unused,
                       make_dir, restore_options, save_options, saved_options,
                       sweep_leftovers)
@@ -53,6 +54,7 @@ from ._runsignals import StopSignals, exit_status
 from ._runtrain import Run
 from ._runtrace import TraceFile
 from .checkpoint_file import remove_partials_under
+from .plan.conditions import parse_link, parse_seconds, parse_slowdown
 from .plan.faults import FaultPlan
 from .runtime import shm
 
@@ -106,6 +108,21 @@ def _faults(text):
     return plan
 
 
+def _condition(parse):
+    def convert(text):
+        try:
+            return parse(text)
+        except PlanError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return convert
+
+
+def _op_seconds(text):
+    if text == "measured":
+        return text
+    return _condition(lambda t: parse_seconds(t, "--op-seconds"))(text)
+
+
 def _resume(text):
     return "latest" if text == "latest" else _whole(0, 10 ** 9)(text)
 
@@ -139,9 +156,30 @@ def parser():
                    help="hogwild threads per trainer (default 2; 1 makes a "
                         "run bit-for-bit repeatable)")
     p.add_argument("--session", choices=("localhost", "local", "ray"),
-                   default="localhost",
+                   default=None,
                    help="one process per node (default), all in-process, "
                         "or a Ray actor per node")
+    p.add_argument("--slowdown", type=_condition(parse_slowdown),
+                   action="append", default=[], metavar="NODE=FACTOR",
+                   help="every op of the node(s) takes FACTOR times as long,"
+                        " e.g. trainer_1=3 or 'trainer_*=2' (repeatable)")
+    p.add_argument("--stragglers", type=_whole(1, MAX_NODES), metavar="K",
+                   help="the embedded job's last K trainers run 4x slower "
+                        "(--slowdown with their names)")
+    p.add_argument("--link", type=_condition(parse_link), action="append",
+                   default=[], metavar="SRC->DST:KEY=VALUE,...",
+                   help="the network between nodes, e.g. 'reader->trainer_*:"
+                        "latency=5ms,bandwidth=100MB/s' (keys latency, "
+                        "bandwidth, jitter, seed; repeatable)")
+    p.add_argument("--simulate", action="store_true",
+                   help="run on a deterministic schedule and a virtual "
+                        "clock (in one process): epochs report the time "
+                        "they would take with a machine per node")
+    p.add_argument("--op-seconds", type=_op_seconds, default=None,
+                   metavar="SECONDS|measured",
+                   help="with --simulate: the virtual time of one op "
+                        f"(default {SIM_OP_SECONDS * 1e6:g}us), or 'measured':"
+                        " the real time each op takes")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="with --session ray: the Ray cluster to run on "
                         "(default: a local Ray instance for the run)")
@@ -264,6 +302,7 @@ def _command(args, signals):
     if args.resume is not None and args.overwrite:
         raise UsageError("--overwrite starts over and --resume goes on: "
                          "give one of them")
+    resolve_session(args)
     if args.ray_address and args.session != "ray":
         raise UsageError("--ray-address goes with --session ray")
     if args.print_plan:

@@ -266,20 +266,21 @@ def execute(step, ws, rc, task=None):
     """Run ``step`` on workspace ``ws``; raises on failure or cancellation.
 
     With ``rc.trace`` a list, each step run appends a span to it:
-    ``(step name, task, thread name, start, end)`` in `time.time` seconds
-    (at most `MAX_TRACE` per run)."""
+    ``(step name, task, thread name, start, end)`` in `time.time` seconds,
+    or in the virtual seconds of the run's schedule (at most `MAX_TRACE`
+    per run)."""
     trace = rc.trace
     if trace is None:
         _execute(step, ws, rc, task)
         return
-    start = time.time()
+    now = rc.clock.now if rc.clock.switches else time.time
+    start = now()
     try:
         _execute(step, ws, rc, task)
     finally:
         if len(trace) < MAX_TRACE:
             trace.append((step.name, step.task or task,
-                          threading.current_thread().name, start,
-                          time.time()))
+                          threading.current_thread().name, start, now()))
 
 
 def _execute(step, ws, rc, task):
