@@ -30,6 +30,9 @@ def test_the_readme_python_examples_run_as_written(tmp_path):
     # the first example's comment says what it prints; so do the
     # scheduler's and the Ray session's, on the same group
     assert done.stdout.count("6.0 150\n") == 3, done.stdout[:2000]
+    # the conditions example: 40 records of 100 kB over 100 MB/s and 5 ms
+    # of latency, plus the ops' virtual time
+    assert "0.0451 s\n" in done.stdout, done.stdout[:2000]
 
 
 def block_after(marker):
