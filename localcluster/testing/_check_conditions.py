@@ -26,7 +26,8 @@ import sys
 
 from ..plan.conditions import Link, Slowdown
 
-__all__ = ["CheckConditions", "session_kwargs", "under"]
+__all__ = ["CheckConditions", "session_kwargs", "under", "bind",
+           "with_conditions"]
 
 
 def _as_list(value, who):
@@ -131,3 +132,15 @@ def session_kwargs(conds):
 def under(conds):
     """`` under conditions=[...]`` for a message, or nothing."""
     return "" if conds is None else f" under conditions={list(conds)!r}"
+
+
+def bind(fn, *args):
+    """A case of `CheckConditions.attempt`: ``fn(*args, conds)``."""
+    return lambda conds: fn(*args, conds)
+
+
+def with_conditions(counterexample, conds):
+    """``counterexample`` with ``"conditions"`` when there are any."""
+    if conds is not None:
+        counterexample["conditions"] = list(conds)
+    return counterexample

@@ -56,7 +56,8 @@ from ..sessions.local import LocalSession
 from ..sessions.localhost import LocalHostScheduler
 from ..runtime.schedule import Schedule
 from ..task import Node
-from ._check_conditions import CheckConditions, session_kwargs, under
+from ._check_conditions import (CheckConditions, bind, session_kwargs,
+                                under, with_conditions)
 
 __all__ = ["check_job", "sessions_agree", "resume_equals_uninterrupted",
            "restart_recovers", "schedule_independent", "ALL_CHECKS",
@@ -262,7 +263,8 @@ def sessions_agree(build, *, sessions=("local", "localhost"),
                 raise JobCheckFailed(
                     "sessions_agree", f"{kind}{under(cs)} differs from "
                     f"{first}{'' if cs is None else ' without them'}: "
-                    f"{diff}", _example({"sessions": (first, kind)}, cs),
+                    f"{diff}",
+                    with_conditions({"sessions": (first, kind)}, cs),
                     _replay("sessions_agree", build,
                             sessions=(first, kind),
                             conditions=cs, max_epochs=max_epochs))
@@ -273,18 +275,8 @@ def sessions_agree(build, *, sessions=("local", "localhost"),
             for i, kind in enumerate(kinds):
                 if cs is None and i == 0:
                     continue        # the reference itself
-                conds.attempt(_bind(case, kind), cs,
-                              [_bind(case, k) for k in kinds[:i]])
-
-
-def _bind(fn, *args):
-    return lambda cs: fn(*args, cs)
-
-
-def _example(counterexample, cs):
-    if cs is not None:
-        counterexample["conditions"] = list(cs)
-    return counterexample
+                conds.attempt(bind(case, kind), cs,
+                              [bind(case, k) for k in kinds[:i]])
 
 
 def resume_equals_uninterrupted(build, *, sessions=("local",), epochs=None,
@@ -315,7 +307,7 @@ def resume_equals_uninterrupted(build, *, sessions=("local",), epochs=None,
                         "resume_equals_uninterrupted",
                         f"resumed from epoch {epoch} under {kind}"
                         f"{under(cs)}, the job ends differently: {diff}",
-                        _example({"epoch": epoch, "session": kind}, cs),
+                        with_conditions({"epoch": epoch, "session": kind}, cs),
                         _replay("resume_equals_uninterrupted", build,
                                 sessions=(kind,), epochs=[epoch],
                                 conditions=cs, max_epochs=max_epochs))
@@ -323,7 +315,7 @@ def resume_equals_uninterrupted(build, *, sessions=("local",), epochs=None,
             tried = list(range(last + 1) if epochs is None
                          else sorted(epochs))
             for epoch, cs in zip(tried, conds.examples(len(tried))):
-                conds.attempt(_bind(case, epoch), cs)
+                conds.attempt(bind(case, epoch), cs)
 
 
 def restart_recovers(build, *, sessions=("local", "localhost"), faults=None,
@@ -349,7 +341,7 @@ def restart_recovers(build, *, sessions=("local", "localhost"), faults=None,
         for fault, cs in zip(faults, conds.examples(len(faults))):
             for kind in sessions:
                 expected, _, options, _ = references[kind]
-                conds.attempt(_bind(
+                conds.attempt(bind(
                     _restart_case, build, kind, fault, expected, options,
                     scratch, max_epochs, timeout), cs)
 
@@ -359,7 +351,7 @@ def _restart_case(build, kind, fault, expected, options, scratch,
     def fail(message):
         raise JobCheckFailed(
             "restart_recovers", f"under {kind}{under(cs)}, {message}",
-            _example({"fault": fault, "session": kind}, cs),
+            with_conditions({"fault": fault, "session": kind}, cs),
             _replay("restart_recovers", build, sessions=(kind,),
                     faults=[fault], conditions=cs, max_epochs=max_epochs))
 
@@ -420,7 +412,7 @@ def schedule_independent(build, *, seeds=None, conditions=None,
                     "schedule_independent",
                     f"schedule seed {seed}{under(cs)} ends differently "
                     f"from seed {first}{'' if cs is None else ' without them'}"
-                    f": {diff}", _example({"seeds": (first, seed)}, cs),
+                    f": {diff}", with_conditions({"seeds": (first, seed)}, cs),
                     _replay("schedule_independent", build,
                             seeds=list(dict.fromkeys((first, seed))),
                             conditions=cs, op_seconds=None if cs is None or
@@ -432,8 +424,8 @@ def schedule_independent(build, *, seeds=None, conditions=None,
             for i, (seed, cs) in enumerate(zip(seeds, examples)):
                 if cs is None and i == 0:
                     continue        # the reference itself
-                conds.attempt(_bind(case, seed), cs,
-                              [_bind(case, s) for s in seeds[:i]])
+                conds.attempt(bind(case, seed), cs,
+                              [bind(case, s) for s in seeds[:i]])
         except JobCheckFailed as failed:
             if "conditions" not in failed.counterexample:
                 raise
@@ -464,9 +456,18 @@ def check_job(build, *, checks=ALL_CHECKS, sessions=("local", "localhost"),
     (resumes run under the first); ``conditions``: cluster conditions the
     result must not depend on -- None, a list of `Link` and `Slowdown`
     values, or a hypothesis strategy drawing such lists, drawn per
-    example (see each check); ``max_examples`` bounds the kills, seeds
-    and drawn conditions tried; ``max_epochs`` caps training;
-    ``timeout`` bounds every run, in seconds."""
+    example (see each check; inside a hypothesis ``@given`` test, pass a
+    list drawn there rather than a strategy); ``max_examples`` bounds the
+    kills, seeds and drawn conditions tried; ``max_epochs`` caps
+    training; ``timeout`` bounds every run, in seconds.
+
+    ::
+
+        check_job(build, conditions=[Link("reader", "trainer_*",
+                                          latency=0.002)])
+        check_job(build, conditions=strategies.conditions(["reader",
+                                                            "trainer_0"]))
+    """
     given = {"sessions": tuple(sessions), "conditions": conditions,
              "max_examples": max_examples, "max_epochs": max_epochs,
              "timeout": timeout}

@@ -117,6 +117,24 @@ def test_drawn_conditions_run_and_change_no_timing_independent_result(
         assert session.fetch_blob("total", "b").tolist() == [21]
 
 
+@settings(CI, max_examples=20)
+@given(drawn=strategies.jobs(), data=st.data(), seed=strategies.schedules())
+def test_drawn_jobs_train_to_their_model_under_drawn_conditions(drawn, data,
+                                                                seed):
+    # the drawn jobs are race-free by construction: no condition may
+    # change what they end with
+    conds = data.draw(conditions(list(drawn.nodes)))
+    with LocalSession(schedule=Schedule(seed, op_seconds=1e-6),
+                      conditions=conds) as session, \
+            tempfile.TemporaryDirectory() as directory:
+        JobRunner(drawn.build(), MultiNodeCheckpointManager(directory),
+                  timeout=20).train(session)
+        for node, blobs in drawn.expected.items():
+            for name, value in blobs.items():
+                np.testing.assert_array_equal(
+                    session.fetch_blob(name, node), value, f"{node} {name}")
+
+
 def test_without_options_nothing_but_the_nodes_is_drawn():
     drawn = find(conditions(["a", "b"], slowdowns=False, bandwidth=None,
                             jitter=(0, 0), latency=(0.001, 0.001)),
