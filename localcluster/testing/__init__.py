@@ -13,9 +13,13 @@
   `ScheduleDivergedError`.
 - Job checks (`check_job` and its four checks, each a function of its
   own), raising `JobCheckFailed` with the smallest counter-example and a
-  line of Python that replays it.
+  line of Python that replays it; with ``conditions=`` (a list of
+  `Link` and `Slowdown` values, or a strategy drawing them) they also
+  check that the job's result does not depend on the cluster's
+  conditions.
 - Hypothesis strategies drawing task groups and jobs with the values a
-  reference model predicts, fault plans and schedule seeds: import
+  reference model predicts, fault plans, cluster conditions and schedule
+  seeds: import
   `localcluster.testing.strategies` (it needs hypothesis; this package
   does not import it, so it works without).
 """

@@ -290,8 +290,8 @@ def test_the_testing_kit_imports_without_hypothesis():
 
 def test_the_public_names_of_the_strategies_module():
     assert set(strategies.__all__) == {
-        "task_groups", "jobs", "fault_plans", "schedules", "Drawn",
-        "DrawnJob", "FAULT_KINDS", "DEFAULT_OP_TYPES", "MAX_SEED"}
+        "task_groups", "jobs", "fault_plans", "schedules", "conditions",
+        "Drawn", "DrawnJob", "FAULT_KINDS", "DEFAULT_OP_TYPES", "MAX_SEED"}
 
 
 def test_a_planted_bug_in_the_reference_model_is_found_and_shrunk(

@@ -1,0 +1,146 @@
+"""The ``conditions=`` of a job check: none, one list, or a strategy.
+
+A check (`localcluster.testing.checks`) runs its reference without
+conditions and every other run under the conditions of its example:
+
+- None: no conditions anywhere -- the check as it always was;
+- a list (or one condition): the same conditions in every example, and a
+  failure names them as given;
+- a hypothesis strategy drawing lists of conditions (such as
+  `localcluster.testing.strategies.conditions`): one draw per example,
+  drawn with a fixed seed (the same draws on every machine and every
+  run), the examples with fewer conditions tried first.  A failing draw
+  is shrunk by leaving its conditions out one at a time while the
+  example still fails, then tried on the examples before it (an earlier
+  seed, session kind) -- so the check raises the smallest failure, and
+  its replay line, with ``conditions=[...]`` as found, fails the same
+  way.
+
+Drawing runs hypothesis's own ``@given``: inside a ``@given`` test pass a
+list drawn there (``data.draw(conditions(...))``) rather than a strategy
+(hypothesis refuses a ``@given`` nested in another unless the outer one
+suppresses ``HealthCheck.nested_given``).
+"""
+
+import sys
+
+from ..plan.conditions import Link, Slowdown
+
+__all__ = ["CheckConditions", "session_kwargs", "under", "bind",
+           "with_conditions"]
+
+
+def _as_list(value, who):
+    if isinstance(value, (Link, Slowdown)):
+        return [value]
+    try:
+        items = list(value)
+    except TypeError:
+        items = None
+    if items is None or not all(isinstance(c, (Link, Slowdown))
+                                for c in items):
+        raise TypeError(
+            f"{who}(conditions=...) takes None, a list of Link and Slowdown "
+            "values, or a hypothesis strategy drawing such lists (such as "
+            f"localcluster.testing.strategies.conditions(...)); got "
+            f"{value!r}")
+    return items
+
+
+def _is_strategy(value):
+    # a strategy exists only once hypothesis is imported: no import here
+    found = sys.modules.get("hypothesis.strategies")
+    return found is not None and isinstance(value, found.SearchStrategy)
+
+
+def _draw(strategy, count, who):
+    """Up to ``count`` distinct draws of ``strategy``, fewest conditions
+    first (the same draws on every run)."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    drawn = []
+
+    @settings(max_examples=count, derandomize=True, database=None,
+              phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def collect(value):
+        drawn.append(_as_list(value, who))
+
+    collect()
+    unique = []
+    for value in drawn:
+        if value not in unique:
+            unique.append(value)
+    return sorted(unique, key=len) or [[]]
+
+
+class CheckConditions:
+    """A check's ``conditions=`` argument (see the module docstring)."""
+
+    def __init__(self, value, who):
+        self.who = who
+        self.given = value is not None
+        self.strategy = value if _is_strategy(value) else None
+        self.fixed = None
+        if self.given and self.strategy is None:
+            self.fixed = _as_list(value, who)
+
+    def examples(self, count):
+        """The conditions of ``count`` examples (None: no conditions)."""
+        if not self.given:
+            return [None] * count
+        if self.strategy is None:
+            return [self.fixed] * count
+        drawn = _draw(self.strategy, max(count, 1), self.who)
+        return [drawn[i % len(drawn)] for i in range(count)]
+
+    def attempt(self, case, conds, earlier=(), failure=AssertionError):
+        """``case(conds)``, which raises ``failure`` when the example
+        fails; for a drawn ``conds`` its failure is made smallest (see the
+        module docstring) before it is raised.  ``earlier``: the cases of
+        the examples before this one, taking conditions too."""
+        try:
+            case(conds)
+            return
+        except failure as found:
+            if self.strategy is None:
+                raise
+            smallest, kept = found, list(conds)
+        index = 0
+        while index < len(kept):
+            fewer = kept[:index] + kept[index + 1:]
+            try:
+                case(fewer)
+            except failure as found:
+                smallest, kept = found, fewer
+                continue
+            index += 1
+        for other in earlier:
+            try:
+                other(kept)
+            except failure as found:
+                raise found from None
+        raise smallest from None
+
+
+def session_kwargs(conds):
+    """What a session constructor takes for ``conds`` (None: nothing)."""
+    return {} if conds is None else {"conditions": list(conds)}
+
+
+def under(conds):
+    """`` under conditions=[...]`` for a message, or nothing."""
+    return "" if conds is None else f" under conditions={list(conds)!r}"
+
+
+def bind(fn, *args):
+    """A case of `CheckConditions.attempt`: ``fn(*args, conds)``."""
+    return lambda conds: fn(*args, conds)
+
+
+def with_conditions(counterexample, conds):
+    """``counterexample`` with ``"conditions"`` when there are any."""
+    if conds is not None:
+        counterexample["conditions"] = list(conds)
+    return counterexample
