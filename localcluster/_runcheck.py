@@ -14,6 +14,8 @@ timing by design, which every check would rightly report.
 import logging
 import time
 
+from ._runconditions import session_options
+
 from ._runjob import DEFAULT_JOB, UsageError, build_job, load_builder
 from .testing import checks as C
 
@@ -78,12 +80,17 @@ def run_checks(args, out):
     if args.job is None and "threads" not in options:
         options["threads"] = 1
     build = CommandLineJob(args.job or DEFAULT_JOB, **options)
-    build()  # a job that cannot be built is one usage error, at once
+    built = build()  # a job that cannot be built is one usage error, at once
     if args.log_level == "WARNING":
         # the restarts restart_recovers causes are what it checks, not news
         logging.getLogger("localcluster.job").setLevel(logging.ERROR)
     given = {"sessions": ("local", "localhost"),
              "max_examples": args.max_examples, "timeout": args.timeout or 60}
+    conditions = session_options(
+        args, built[0] if isinstance(built, tuple) else built).get(
+            "conditions")
+    if conditions:   # the job's result must not depend on them
+        given["conditions"] = conditions
     out.write(f"checking {build.spec} ({', '.join(c.__name__ for c in chosen)})"
               "\n")
     failed = 0

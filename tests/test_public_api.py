@@ -14,7 +14,8 @@ EXPECTED = {
     "Job", "JobRunner", "epoch_limiter", "EpochReport", "TrainResult",
     "CheckpointManager", "MultiNodeCheckpointManager",
     "UploadTaskGroupBuilder", "MetadataHandler",
-    "Session", "LocalSession", "LocalHostScheduler",
+    "Session", "LocalSession", "LocalHostScheduler", "Link", "Slowdown",
+    "Partition",
     "LocalClusterError", "PlanError", "TaskFailedError", "NodeFailedError",
     "CheckpointError", "CheckpointWarning", "SessionClosedError", "RunTimeoutError",
     "BlobNotFoundError",
@@ -44,7 +45,8 @@ def test_the_testing_kit_exports_what_its_contract_names():
     import localcluster.testing as kit
     assert set(kit.__all__) == {
         "FaultPlan", "Kill", "Hang", "Delay", "FailCheckpoint", "Epoch",
-        "Op", "Step", "Fired", "Schedule", "DeadlockError",
+        "Op", "Step", "Partition", "Link", "Slowdown", "Fired", "Schedule",
+        "DeadlockError",
         "ScheduleDivergedError", "check_job", "sessions_agree",
         "resume_equals_uninterrupted", "restart_recovers",
         "schedule_independent", "ALL_CHECKS", "JobCheckFailed"}
