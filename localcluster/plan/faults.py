@@ -159,10 +159,11 @@ def _side(value, what):
         names = tuple(names)
     except TypeError:
         names = ()
-    if not names or not all(isinstance(n, str) and n and "/" not in n
-                            for n in names):
+    if not names or not all(isinstance(n, str) and n and "/" not in n and
+                            "," not in n for n in names):
         raise PlanError(f"{what}={value!r}: one side of a partition is a "
-                        "node name or pattern, or a list of them")
+                        "node name or pattern (without ',' -- the text form "
+                        "separates them with commas), or a list of them")
     return names
 
 
@@ -373,24 +374,30 @@ def _text(fault):
 
 
 def _split(text):
-    """The faults of ``text``: a list of word lists."""
+    """The faults of ``text``: a list of word lists.  Faults end at a
+    ``;`` outside quotes -- a quoted ``';'`` is a node's name, however
+    the words then read."""
     if not isinstance(text, str):
         raise PlanError(f"a fault plan's text must be a str, got {text!r}")
-    lexer = shlex.shlex(text, posix=True, punctuation_chars=";")
-    lexer.whitespace_split = True
-    lexer.commenters = ""
-    faults, words = [], []
+    pieces, start, quote, escaped = [], 0, None, False
+    for i, char in enumerate(text):
+        if escaped:
+            escaped = False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif quote is not None:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == ";":
+            pieces.append(text[start:i])
+            start = i + 1
+    pieces.append(text[start:])
     try:
-        for token in lexer:
-            if token and set(token) == {";"}:
-                faults.append(words)
-                words = []
-            else:
-                words.append(token)
+        faults = [shlex.split(piece, comments=False) for piece in pieces]
     except ValueError as exc:   # an unclosed quote
         raise PlanError(f"cannot read the fault plan {text!r}: {exc}") \
             from None
-    faults.append(words)
     return [w for w in faults if w]
 
 

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from localcluster import PlanError
 from localcluster.testing import (Delay, Epoch, FailCheckpoint, FaultPlan,
+                                  Partition,
                                   Hang, Kill, Op, Step)
 
 names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",
@@ -22,7 +23,13 @@ faults = st.one_of(
     st.builds(Hang, names, triggers),
     st.builds(Delay, names, triggers,
               st.floats(0, 1e6, allow_nan=False, allow_infinity=False)),
-    st.builds(FailCheckpoint, names, st.integers(0, 10 ** 6)))
+    st.builds(FailCheckpoint, names, st.integers(0, 10 ** 6)),
+    st.builds(lambda a, b, k, heal: Partition(a, b, Epoch(k), heal),
+              st.lists(names.filter(lambda n: "," not in n and "/" not in n
+                                    and n != "x"), min_size=1, max_size=2),
+              st.just(["x"]), st.integers(1, 100),
+              st.none() | st.floats(0, 1e6, allow_nan=False,
+                                    allow_infinity=False)))
 
 
 @given(st.lists(faults, max_size=4))
@@ -62,3 +69,12 @@ def test_the_text_form_reads_as_a_user_writes_it():
 def test_a_text_that_is_no_plan_names_the_part_and_the_syntax(text, names):
     with pytest.raises(PlanError, match=names):
         FaultPlan.parse(text)
+
+
+@pytest.mark.parametrize("plan", [
+    FaultPlan(FailCheckpoint(";", 0)),
+    FaultPlan(Kill(";;", Epoch(1)), Hang("a;b", Step(";"))),
+    FaultPlan(Partition([";"], ["x;", "'"], Epoch(2), 0.5)),
+])
+def test_a_quoted_semicolon_is_a_name_not_the_end_of_a_fault(plan):
+    assert FaultPlan.parse(str(plan)) == plan
