@@ -113,7 +113,7 @@ class LinkState:
         self.ns_per_byte = 1e9 / inlink.bandwidth if inlink.bandwidth \
             else 0.0
         self.latency_ns = int(inlink.latency * 1e9)
-        self.windows = [(start_ns + int(a * 1e9),
+        self.windows = [(start_ns + int(a * 1e9) if a else -math.inf,
                          math.inf if b is None else start_ns + int(b * 1e9),
                          text) for a, b, text in inlink.windows]
         self.lock = threading.Lock()
