@@ -12,11 +12,22 @@ import enum
 from ..errors import PlanError
 
 __all__ = ["WorkspaceType", "NodePlan", "as_workspace_type",
-           "NODE_OPTIONS", "check_node_name", "check_node_options"]
+           "NODE_OPTIONS", "check_node_name", "check_node_options",
+           "process_options"]
 
 #: the options a node may carry (NodePlan.node_kwargs)
 NODE_OPTIONS = ("cpus", "memory_limit", "env", "resources", "placement",
                 "slowdown")
+
+
+#: options that hold for a run, not for the process a node runs in
+RUN_OPTIONS = ("slowdown",)
+
+
+def process_options(kwargs):
+    """``kwargs`` without the options each run applies anew (`RUN_OPTIONS`):
+    what a node's process (or actor) is started with."""
+    return {k: v for k, v in (kwargs or {}).items() if k not in RUN_OPTIONS}
 
 
 class WorkspaceType(enum.Enum):

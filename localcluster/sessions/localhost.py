@@ -40,6 +40,7 @@ import weakref
 import numpy as np
 
 from ..errors import BlobNotFoundError, NodeFailedError, RunTimeoutError
+from ..plan.node_plan import process_options
 from ..plan.validate import feedable
 from ..runtime import shm
 from ..runtime.faults import faults_of_node, shared_book
@@ -135,7 +136,8 @@ class LocalHostScheduler(Session):
         for name, kwargs in wanted.items():
             handle = self._nodes.get(name)
             if handle is not None and handle.alive():
-                if kwargs and kwargs != handle.kwargs:
+                if kwargs and process_options(kwargs) != \
+                        process_options(handle.kwargs):
                     log.warning("node %r runs with %s; new options %s apply "
                                 "after it restarts", name, handle.kwargs,
                                 kwargs)

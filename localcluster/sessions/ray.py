@@ -54,6 +54,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 from ..errors import (BlobNotFoundError, NodeFailedError, PlanError,
                       RunTimeoutError)
 from ..plan.faults import EXIT_STATUS
+from ..plan.node_plan import process_options
 from ..plan.validate import feedable
 from ..runtime.faults import faults_of_node
 from . import _protocol as P
@@ -191,7 +192,8 @@ class RaySession(Session):
             node = self._nodes.get(name)
             if node is None:   # a restart keeps the node's options
                 missing[name] = kwargs or self._kwargs.get(name, {})
-            elif kwargs and kwargs != node.kwargs:
+            elif kwargs and process_options(kwargs) != \
+                    process_options(node.kwargs):
                 log.warning("node %r runs with %s; new options %s apply "
                             "after it restarts", name, node.kwargs, kwargs)
         for name, kwargs in missing.items():   # before any actor starts
