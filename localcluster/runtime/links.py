@@ -5,13 +5,12 @@ What `localcluster.plan.conditions.resolve` decided for a node's run (a
 node, and on whatever clock the run has -- real time, or a deterministic
 schedule's virtual clock:
 
-- a slow node (``slowdown`` s > 1): `run_net_slowed` runs a net one op at
-  a time and, after each, owes ``(s - 1)`` times the time the op took --
-  its waits (for a record, a timer) not counted -- and pays what it owes
+- a slow node (``slowdown`` s > 1): `run_net_slowed` runs a net and then
+  owes ``(s - 1)`` times the time its ops took -- their waits (for a
+  record, a timer) not counted -- and pays what it owes
   by waiting once the debt reaches `PAY_AT` (a wait per op of a few
   microseconds would cost more than it emulates, and every pause leaves
-  the next ops a cold cache: paid each millisecond, a slowdown of 3
-  measured 3.1-4.3x, each 5 ms 3.1-3.5x); what waiting took beyond the
+  the ops after it a colder cache); what waiting took beyond the
   debt is credited.  Under a schedule the scheduler charges
   the slowdown to the branch's virtual clock instead, and nothing waits.
 - a link: the writing node's end of the queue (`LinkedWriter`) appends
@@ -52,30 +51,30 @@ _DEBT = threading.local()
 
 
 def run_net_slowed(run_net, net, code, get, put, ws, rc, task, step):
-    """`run_net` (the executor's loop) one op at a time, each followed by
-    the wait a slow node owes (see the module docstring)."""
-    extra = rc.slowdown - 1.0
+    """`run_net` (the executor's loop over a net's ops), then the wait a
+    slow node owes for them (see the module docstring).  Owed per net,
+    not per op: the debt is paid in installments either way, and a call
+    per op would add its own cost to every op."""
     meter = wait_meter()
     perf = time.perf_counter
-    debt = getattr(_DEBT, "seconds", 0.0)
     try:
-        for index in range(len(code)):
-            waited = meter.seconds
-            start = perf()
-            run_net(net, code[index:index + 1], get, put, ws, rc, task, step,
-                    index)
-            spent = perf() - start - (meter.seconds - waited)
-            if spent > 0:
-                debt += spent * extra
-            if debt >= PAY_AT:
-                start = perf()
-                if rc.clock.wait(rc.cancelled, debt,
-                                 what=f"node {rc.node!r}'s slowdown"):
-                    raise Cancelled(f"run on node {rc.node!r} was cancelled")
-                debt -= perf() - start
+        waited, start = meter.seconds, perf()
+        run_net(net, code, get, put, ws, rc, task, step)
+        now = perf()
+        spent = now - start - (meter.seconds - waited)
     finally:
         meter.stop()
-        _DEBT.seconds = debt
+    debt = getattr(_DEBT, "seconds", 0.0)
+    if spent > 0:
+        debt += spent * (rc.slowdown - 1.0)
+    if debt >= PAY_AT:
+        try:
+            if rc.clock.wait(rc.cancelled, debt,
+                             what=f"node {rc.node!r}'s slowdown"):
+                raise Cancelled(f"run on node {rc.node!r} was cancelled")
+        finally:
+            debt -= perf() - now
+    _DEBT.seconds = debt
 
 
 def _real_ns(clock, now_ns):
