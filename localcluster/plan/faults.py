@@ -95,6 +95,13 @@ def _trigger(at, fault):
                         f"or Step(name), got {at!r}")
 
 
+def _seconds(value, what, rule):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not 0 <= value < float("inf"):
+        raise PlanError(f"{what}={value!r}: {rule}")
+    return float(value)
+
+
 # -- faults -------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -134,11 +141,7 @@ class Delay:
     def __post_init__(self):
         _name(self.node, "Delay(node)")
         _trigger(self.at, "Delay")
-        if isinstance(self.seconds, bool) or \
-                not isinstance(self.seconds, (int, float)) or \
-                not 0 <= self.seconds < float("inf"):
-            raise PlanError(f"Delay(seconds=) must be a number >= 0, got "
-                            f"{self.seconds!r}")
+        _seconds(self.seconds, "Delay(seconds=)", "it must be a number >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,10 +173,7 @@ def _side(value, what):
 def _point(value, what, rule):
     if isinstance(value, Epoch) or value is None:
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not 0 <= value < float("inf"):
-        raise PlanError(f"{what}={value!r}: {rule}")
-    return float(value)
+    return _seconds(value, what, rule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,13 +198,11 @@ class Partition:
         b = _side(self.nodes_b, "Partition(nodes_b)")
         object.__setattr__(self, "nodes_a", a)
         object.__setattr__(self, "nodes_b", b)
-        both = sorted(set(a) & set(b))
-        if both:
-            raise PlanError(f"Partition({list(a)}, {list(b)}): {both} on "
-                            "both sides; a node is on one side of a "
-                            "partition")
-        rule = ("a partition starts at Epoch(k) or at a number of seconds "
-                ">= 0 into a run")
+        if set(a) & set(b):
+            raise PlanError(f"Partition({list(a)}, {list(b)}): "
+                            f"{sorted(set(a) & set(b))} on both sides; a "
+                            "node is on one side of a partition")
+        rule = "a partition starts at Epoch(k) or seconds >= 0 into a run"
         at = _point(self.at, "Partition(at)", rule)
         if at is None:
             raise PlanError(f"Partition(at=None): {rule}")
