@@ -300,8 +300,10 @@ class Scheduler:
         keys = self._candidates()
         if keys:
             key = min(k for k, _ in keys.values())
-            if self._alarms and min(a for a, _ in self._alarms) <= key:
-                self._fire_alarms(key)
+            alarm = min(a for a, _ in self._alarms) if self._alarms \
+                else None
+            if alarm is not None and alarm <= key:
+                self._fire_alarms(alarm)   # at its own time, not later
                 return
             tied = sorted(n for n, (k, _) in keys.items() if k == key)
             name = self._choose(tied)

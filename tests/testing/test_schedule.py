@@ -381,3 +381,12 @@ def test_deadlock_error_is_exported_from_errors_and_testing():
     assert localcluster.errors.DeadlockError is DeadlockError
     assert issubclass(DeadlockError, localcluster.LocalClusterError)
     assert issubclass(ScheduleDivergedError, localcluster.LocalClusterError)
+
+
+def test_a_timed_out_run_stops_at_its_timeout_in_virtual_time():
+    # the sleep would end at 10 s; the run's timeout comes at 1 s, and the
+    # run's virtual time is the timeout's, not the sleep's end
+    with LocalSession(schedule=1) as session:
+        with pytest.raises(RunTimeoutError):
+            session.run(timed_sleep(10.0), timeout=1.0)
+        assert session.last_run_simulated_seconds == pytest.approx(1.0)
