@@ -41,6 +41,7 @@ import math
 import re
 
 from ..errors import PlanError
+from .faults import Epoch
 
 __all__ = ["Link", "Slowdown", "NodeConditions", "InLink", "resolve",
            "as_conditions", "parse_link", "parse_slowdown", "check_slowdown",
@@ -270,41 +271,35 @@ def _sides(partition, src, dst):
     return (on(a, src) and on(b, dst)) or (on(b, src) and on(a, dst))
 
 
+def _window(partition, epoch):
+    """``(start, end)`` of ``partition`` in a run of ``epoch`` -- seconds
+    into the run, ``end`` None if it does not heal in it -- or None when
+    it is not in force then."""
+    at, heal = partition.at, partition.heal_at
+    if isinstance(at, (int, float)):        # seconds into every run
+        return float(at), None if heal is None else float(heal)
+    if epoch is None or epoch < at.k:       # from the start of epoch k
+        return None
+    if heal is None or (isinstance(heal, Epoch) and epoch < heal.k):
+        return 0.0, None
+    if not isinstance(heal, Epoch) and epoch == at.k:
+        return 0.0, float(heal)
+    return None
+
+
 def _windows(partition, src, dst, epoch):
     """The windows ``partition`` holds records from ``src`` to ``dst`` in
     a run of ``epoch`` (see `InLink`)."""
-    if not _sides(partition, src, dst):
+    window = _window(partition, epoch)
+    if window is None or not _sides(partition, src, dst):
         return ()
-    text = repr(partition)
-    at, heal = partition.at, partition.heal_at
-    if isinstance(at, (int, float)):        # seconds into every run
-        return ((float(at), None if heal is None else float(heal), text),)
-    if epoch is None or epoch < at.k:       # from the start of epoch k
-        return ()
-    if heal is None:
-        return ((0.0, None, text),)
-    if isinstance(heal, (int, float)):
-        return ((0.0, float(heal), text),) if epoch == at.k else ()
-    return ((0.0, None, text),) if epoch < heal.k else ()
+    return (window + (repr(partition),),)
 
 
 def in_force(partitions, epoch):
     """The partitions of ``partitions`` (``[(index, Partition)]``) in force
     in a run of ``epoch``."""
-    return [(i, p) for i, p in partitions
-            if isinstance(p.at, (int, float)) or
-            _windows_any(p, epoch)]
-
-
-def _windows_any(partition, epoch):
-    at, heal = partition.at, partition.heal_at
-    if epoch is None or epoch < at.k:
-        return False
-    if heal is None:
-        return True
-    if isinstance(heal, (int, float)):
-        return epoch == at.k
-    return epoch < heal.k
+    return [(i, p) for i, p in partitions if _window(p, epoch) is not None]
 
 
 # -- the text form (the command line) ------------------------------------------

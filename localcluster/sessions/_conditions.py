@@ -30,7 +30,8 @@ class RunConditions:
         self.last_partitions = []
 
     def _facts(self, group, plans):
-        """(links, queues) of ``group``, checked once."""
+        """(conditions, cross-node queues, any slow node) of ``group``,
+        checked once."""
         found = self._groups.get(group)
         if found is not None and found[0] is plans:
             return found[1]
@@ -47,7 +48,12 @@ class RunConditions:
         if links or self.conditions or self.partitions:
             check_patterns(links + list(self.conditions), [
                 p for _, p in self.partitions], known)
-        facts = (tuple(links) + self.conditions, _cross_queues(plans),
+        conditions = tuple(links) + self.conditions
+        # the queues matter only to links and partitions: a session with
+        # neither does not walk the group's nets for them
+        queues = _cross_queues(plans) if self.partitions or any(
+            isinstance(c, Link) for c in conditions) else {}
+        facts = (conditions, queues,
                  any(p.node_kwargs.get("slowdown") for p in plans))
         self._groups[group] = (plans, facts)
         return facts
@@ -58,9 +64,8 @@ class RunConditions:
         self.last_partitions = in_force(self.partitions, epoch)
         if not (conditions or self.last_partitions or slow):
             return None
-        links = any(isinstance(c, Link) for c in conditions)
         return resolve(plans, conditions, self.last_partitions, epoch,
-                       queues if (links or self.last_partitions) else {})
+                       queues)
 
     def fired(self, faults, seen):
         """Note the partitions of this run that start for the first time
