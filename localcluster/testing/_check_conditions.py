@@ -24,27 +24,20 @@ suppresses ``HealthCheck.nested_given``).
 
 import sys
 
-from ..plan.conditions import Link, Slowdown
+from ..errors import PlanError
+from ..plan.conditions import as_conditions
 
 __all__ = ["CheckConditions", "session_kwargs", "under", "bind",
            "with_conditions"]
 
 
 def _as_list(value, who):
-    if isinstance(value, (Link, Slowdown)):
-        return [value]
     try:
-        items = list(value)
-    except TypeError:
-        items = None
-    if items is None or not all(isinstance(c, (Link, Slowdown))
-                                for c in items):
-        raise TypeError(
-            f"{who}(conditions=...) takes None, a list of Link and Slowdown "
-            "values, or a hypothesis strategy drawing such lists (such as "
-            f"localcluster.testing.strategies.conditions(...)); got "
-            f"{value!r}")
-    return items
+        return list(as_conditions(value, who))
+    except PlanError as exc:   # a wrong kind of argument, to a check
+        raise TypeError(f"{exc}; or a hypothesis strategy drawing lists of "
+                        "them, such as localcluster.testing.strategies."
+                        "conditions(...)") from None
 
 
 def _is_strategy(value):
