@@ -70,6 +70,7 @@ class Session:
         #: counted from the start of the run
         self.last_run_seconds = {}
         self._run_started = time.monotonic()
+        self._run_nodes = ()   # the nodes of the run in progress
         #: set True to record step spans: ``last_run_trace`` then holds
         #: ``{node: [(step, task, thread, start, end), ...]}`` of the last
         #: run (times in `time.time` seconds)
@@ -175,6 +176,7 @@ class Session:
                                                      self.current_epoch)
             self._conds.fired(self.faults, self._fault_seen)
             self._run_started = time.monotonic()
+            self._run_nodes = tuple(p.node for p in plans)
             try:
                 results = self._run_plans(plans, timeout)
             except RunTimeoutError as exc:
@@ -184,6 +186,7 @@ class Session:
                 raise RunTimeoutError(str(exc) + note, nodes=exc.nodes,
                                       killed=exc.killed) from None
             finally:
+                self._run_nodes = ()
                 self.run_conditions = None
                 self._sync_faults()
         for node, output in outputs:
@@ -210,6 +213,13 @@ class Session:
         killed = [f.fault for f in self._sync_faults()
                   if f.node == node and isinstance(f.fault, Kill)]
         return killed[-1] if killed else None
+
+    def running_nodes(self):
+        """The nodes of the run in progress that have not finished yet,
+        in plan order (``[]`` between runs).  Safe to call from any thread
+        while another runs: what a progress display shows as busy."""
+        nodes, done = self._run_nodes, self.last_run_seconds
+        return [n for n in nodes if n not in done]
 
     def _node_done(self, node):
         """Sessions call this as each node of a run finishes."""
