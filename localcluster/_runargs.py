@@ -6,6 +6,7 @@ import argparse
 
 from . import PlanError
 from ._runconditions import SIM_OP_SECONDS
+from ._runcpus import parse_cpus
 from .plan.conditions import parse_link, parse_seconds, parse_slowdown
 from .plan.faults import FaultPlan
 
@@ -75,6 +76,13 @@ def _op_seconds(text):
     return _condition(lambda t: parse_seconds(t, "--op-seconds"))(text)
 
 
+def _cpus(text):
+    try:
+        return parse_cpus(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _resume(text):
     return "latest" if text == "latest" else _whole(0, 10 ** 9)(text)
 
@@ -132,6 +140,11 @@ def parser():
                    help="with --simulate: the virtual time of one op "
                         f"(default {SIM_OP_SECONDS * 1e6:g}us), or 'measured':"
                         " the real time each op takes")
+    p.add_argument("--cpus", type=_cpus, action="append", default=[],
+                   metavar="NODE=CPUS",
+                   help="pin the node(s) to CPUs, e.g. 'trainer_*=0,1' or "
+                        "'ps=2-3' (Node(cpus=); repeatable, the last "
+                        "matching wins)")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="with --session ray: the Ray cluster to run on "
                         "(default: a local Ray instance for the run)")
@@ -178,6 +191,9 @@ def parser():
     p.add_argument("--json", action="store_true",
                    help="print one JSON summary on stdout (the progress "
                         "lines go to stderr)")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="after each epoch line, a line per node: its pid, "
+                        "CPU, memory and seconds; every metric in full")
     p.add_argument("--log-level", default="WARNING", type=str.upper,
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                    help="logging level (default WARNING; any case)")

@@ -1,8 +1,9 @@
 """The checkpoint directory of a ``python -m localcluster.run`` run.
 
-One directory holds one run's checkpoints (``<node>.<epoch>``) and the run
+One directory holds one run's checkpoints (``<node>.<epoch>``), the run
 file (``localcluster-run.json``: the job and the value of every job option
-its checkpoints were made with).  So that two runs never mix there:
+its checkpoints were made with) and the runs' history (``metrics.jsonl``,
+`_runmetrics`).  So that two runs never mix there:
 
 - `DirLock`: a run holds an exclusive ``flock`` on
   ``localcluster-run.lock`` for its whole life (the kernel drops it when
@@ -29,6 +30,7 @@ import re
 import tempfile
 
 from ._runjob import DEFAULT_JOB, JOB_OPTIONS, RunFailure, UsageError
+from ._runmetrics import METRICS_FILE
 from .checkpoint_file import PARTIAL, read_manifest, remove_partials_under
 from .errors import CheckpointError
 
@@ -50,7 +52,8 @@ _RUN_FILE_TMP = re.compile(re.escape(RUN_FILE) + r"(\.[^.]+)?\.tmp$")
 
 def is_run_file(name):
     """Whether ``name`` is one of the run's own files (not a checkpoint)."""
-    return name in (RUN_FILE, LOCK_FILE) or bool(_RUN_FILE_TMP.match(name))
+    return name in (RUN_FILE, LOCK_FILE, METRICS_FILE) or \
+        bool(_RUN_FILE_TMP.match(name))
 
 
 # -- making it ------------------------------------------------------------------
@@ -186,7 +189,7 @@ def check_fresh(directory, overwrite):
 
 def clear_run(directory, names):
     """Remove another run's files (``--overwrite``)."""
-    for name in list(names) + [RUN_FILE]:
+    for name in list(names) + [RUN_FILE, METRICS_FILE]:
         try:
             os.unlink(os.path.join(directory, name))
         except FileNotFoundError:

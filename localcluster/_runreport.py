@@ -1,7 +1,7 @@
 """What ``python -m localcluster.run`` shows while a job trains: each node
 process's CPU and memory (`Usage`), the progress lines and the live line
-on a terminal (`Progress`), and what each epoch adds to them (`EpochWatch`).
-(The Chrome trace of a run: `_runtrace`.)
+on a terminal (`Progress`).  (Each epoch's line: `_runepochs`; the
+Chrome trace of a run: `_runtrace`.)
 """
 
 import os
@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-__all__ = ["Usage", "Progress", "EpochWatch", "scalar", "mib", "IN_PROCESS"]
+__all__ = ["Usage", "Progress", "scalar", "mib", "IN_PROCESS"]
 
 #: what `Usage` reports under --session local, where nodes are threads
 IN_PROCESS = "(all nodes: this process)"
@@ -138,77 +138,3 @@ class _Guarded:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
-
-
-# -- every epoch -------------------------------------------------------------------
-
-class EpochWatch:
-    """The runner's ``on_epoch``: fetches the metrics, samples the nodes,
-    prints the epoch's line and records it for the summary and the trace.
-    ``check()`` runs first (the command line's `StopSignals.check`: a
-    signal that came during the epoch stops the run here at the latest).
-    """
-
-    def __init__(self, nodes, metrics, records, usage, progress, summary,
-                 resume, check=None):
-        self.nodes, self.metrics, self.usage = nodes, metrics, usage
-        self.records, self.check = records, check
-        self.progress, self.summary = progress, summary
-        self.saves, self.first_loss = [], None
-        self.epoch, self.since = resume or 0, time.monotonic()
-
-    def live_text(self):
-        return (f"epoch {self.epoch + 1} running ... "
-                f"{time.monotonic() - self.since:.1f} s")
-
-    def on_epoch(self, report):
-        if self.check is not None:
-            self.check()
-        values = {k: scalar(v.fetch()) for k, v in self.metrics.items()}
-        per_node = self.usage.sample()
-        rate = self.records / report.seconds if self.records and \
-            report.seconds > 0 else None
-        self.summary["epochs"].append({
-            "epoch": report.epoch, "seconds": report.seconds,
-            "simulated_seconds": report.simulated_seconds,
-            "checkpoint_seconds": report.checkpoint_seconds,
-            "metrics": values, "records_per_s": rate,
-            "nodes": {n: dict(per_node.get(n, {}),
-                              seconds=report.node_seconds.get(n))
-                      for n in self.nodes},
-            "processes": per_node,
-            "checkpoint_error": report.checkpoint_error})
-        self.saves.append((report.epoch, report.started + report.seconds,
-                           report.checkpoint_seconds))
-        self.epoch, self.since = report.epoch, time.monotonic()
-        if self.first_loss is None and values.get("loss") is not None:
-            self.first_loss = values["loss"]
-        self.progress.line(self._line(report, values, rate, per_node))
-
-    @staticmethod
-    def _line(report, values, rate, per_node):
-        shown = "  ".join(
-            f"{k} {'n/a' if v is None else format(v, '.4g')}"
-            for k, v in sorted(values.items(), key=lambda kv: kv[0] != "loss"))
-        rate_text = f"  {rate:,.0f} rec/s" if rate else ""
-        node_text = "  ".join(
-            f"{n} {u['cpu_percent']:.0f}% {mib(u['rss_bytes'])}"
-            if u.get("cpu_percent") is not None
-            else f"{n} {mib(u['rss_bytes'])}"
-            for n, u in per_node.items())
-        simulated = "" if report.simulated_seconds is None else \
-            f" (simulated {report.simulated_seconds:.3f} s)"
-        return (f"epoch {report.epoch:>3}  {report.seconds:7.3f} s"
-                f"{simulated}  {shown}{rate_text}  | {node_text}")
-
-    def done_line(self, last, seconds, checkpoint_dir):
-        """The line that ends a run."""
-        epochs = self.summary["epochs"]
-        final = epochs[-1]["metrics"] if epochs else {}
-        text = f"done: epoch {last} in {seconds:.2f} s"
-        first = self.first_loss
-        if final.get("loss") is not None and first is not None:
-            drop = first / final["loss"] if final["loss"] else float("inf")
-            text += (f"; loss {first:.4g} -> {final['loss']:.4g} "
-                     f"({drop:.0f}x lower)")
-        return text + f"; checkpoints in {checkpoint_dir}"

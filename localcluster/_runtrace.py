@@ -102,17 +102,25 @@ def _kind(mode):
     return "not a regular file"
 
 
-def chrome_trace(nodes, epochs, saves):
+def chrome_trace(nodes, epochs, saves, os_pids=None):
     """Chrome trace-event JSON: the runner and every node a process (a
     track); epochs and checkpoints on the runner's, each node's part of an
     epoch and its steps (a thread per executor thread) on the node's.
     Epochs run under a deterministic schedule are drawn on its virtual
     clock -- what the run would take with a machine per node -- and the
-    file says so (``otherData.clock``: "simulated"; else "wall")."""
+    file says so (``otherData.clock``: "simulated"; else "wall").
+    ``os_pids``: ``{node or "runner": pid}`` of the processes that ran
+    them -- each track is labelled with its pid, and ``otherData.pids``
+    maps them (the trace's own pids are track numbers)."""
+    os_pids = os_pids or {}
     pids = {"runner": 0, **{node: i + 1 for i, node in enumerate(nodes)}}
     events = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                "ts": 0,
                "args": {"name": name}} for name, pid in pids.items()]
+    events += [{"ph": "M", "name": "process_labels", "pid": pids[name],
+                "tid": 0, "ts": 0, "args": {"labels": f"pid {pid}"}}
+               for name, pid in os_pids.items()
+               if name in pids and pid is not None]
     tids = {}
 
     def tid(node, thread):
@@ -155,7 +163,9 @@ def chrome_trace(nodes, epochs, saves):
             span(f"checkpoint {epoch}", "checkpoint", 0, 0, started,
                  seconds)
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"clock": "simulated" if simulated else "wall"}}
+            "otherData": {"clock": "simulated" if simulated else "wall",
+                          "pids": {n: p for n, p in os_pids.items()
+                                   if p is not None}}}
 
 
 def _virtual_epoch(report):

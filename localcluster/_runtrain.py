@@ -6,17 +6,20 @@ run stays, and the trace (``--trace``) is written.
 """
 
 import os
+import platform
 import sys
 import time
 
 from . import (JobRunner, LocalClusterError, LocalHostScheduler,
-               LocalSession, TaskOutput)
+               LocalSession, TaskOutput, __version__)
 from .plan.faults import FaultPlan
 from ._rundir import is_run_file
 from ._runconditions import session_options
 from ._runfail import describe, resume_hint
 from ._runjob import DEFAULT_JOB, UsageError, job_nodes
-from ._runreport import EpochWatch, Progress, Usage
+from ._runepochs import EpochWatch, short_names
+from ._runmetrics import MetricsLog, json_safe
+from ._runreport import Progress, Usage
 from ._runsignals import exit_status
 from ._runtrace import chrome_trace
 from .checkpoint_file import PARTIAL, remove_partials_under
@@ -29,8 +32,10 @@ class Run:
     """
 
     def __init__(self, args, job, options, out, manager, resume, trace,
-                 signals):
+                 signals, values=None):
         self.args, self.job, self.options = args, job, options
+        #: the job options the job was built with (``epochs``: N of k/N)
+        self.values = values or {}
         self.out, self.manager, self.resume = out, manager, resume
         self.trace, self.signals = trace, signals
         self.directory = manager.db_prefix
@@ -38,7 +43,11 @@ class Run:
         self.summary = {"job": args.job or DEFAULT_JOB,
                         "session": args.session, "nodes": self.nodes,
                         "checkpoint_dir": self.directory,
+                        "master_pid": os.getpid(),
                         "resumed_from": resume, "epochs": [], "status": "ok"}
+        self.started = time.time()
+        self.run_id = f"{self.started:.3f}-{os.getpid()}"
+        self.metrics_log = None
         self.max_restarts = args.max_restarts \
             if args.max_restarts is not None \
             else options.get("max_restarts", 0)
@@ -59,13 +68,16 @@ class Run:
         progress = self._header(session_class, kwargs)
         started = time.monotonic()
         session = session_class(**kwargs)
+        self._open_metrics(kwargs)
         try:
             session.trace_steps = self.trace is not None
-            self.watch = EpochWatch(self.nodes, metrics,
-                                    self.options.get("records"),
-                                    Usage(session, self.nodes), progress,
-                                    self.summary, self.resume,
-                                    check=self.signals.check)
+            self.watch = EpochWatch(
+                self.nodes, metrics, self.options.get("records"),
+                Usage(session, self.nodes), progress, self.summary,
+                self.resume, check=self.signals.check,
+                of=self.values.get("epochs"), verbose=args.verbose,
+                session=session, metrics_log=self.metrics_log,
+                run_id=self.run_id, restarts=self._restarts)
             self.runner = JobRunner(
                 self.job, self.manager, resume_from_epoch=self.resume,
                 max_restarts=self.max_restarts, timeout=args.timeout,
@@ -83,12 +95,50 @@ class Run:
             session.close()
         return self._done(last, time.monotonic() - started, progress)
 
+    # -- metrics.jsonl ----------------------------------------------------------------
+
+    def _restarts(self):
+        return self.runner.result.restarts if self.runner else []
+
+    def _open_metrics(self, kwargs):
+        """Start this run's lines in ``metrics.jsonl`` (a directory where
+        it cannot be written: the run goes on without it, warned)."""
+        try:
+            self.metrics_log = MetricsLog(self.directory)
+        except OSError as exc:
+            sys.stderr.write(f"warning: {self.directory}: metrics.jsonl "
+                             f"cannot be written ({exc.strerror}); the run "
+                             "goes on without its history\n")
+            return
+        options = {k: v for k, v in vars(self.args).items()
+                   if v is not None and v is not False and v != []}
+        self.metrics_log.write({
+            "kind": "run", "run": self.run_id, "time": self.started,
+            "job": self.summary["job"], "session": self.args.session,
+            "nodes": self.nodes, "epochs": self.values.get("epochs"),
+            "resumed_from": self.resume, "master_pid": os.getpid(),
+            "host": platform.node(), "version": __version__,
+            "options": json_safe(options),
+            "conditions": [str(c) for c in kwargs.get("conditions") or ()]})
+
+    def _end_metrics(self, status, last=None, error=None):
+        if self.metrics_log is None:
+            return
+        if self.watch is not None:
+            self.watch.log_restarts()
+        self.metrics_log.write({
+            "kind": "end", "run": self.run_id, "time": time.time(),
+            "status": status, "last_epoch": last,
+            "seconds": time.time() - self.started, "error": error})
+        self.metrics_log.close()
+        self.metrics_log = None
+
     def _header(self, session_class, kwargs):
         args, resume = self.args, self.resume
         progress = Progress(self.out, live=self.out.isatty())
         n = len(self.nodes)
         progress.line(f"localcluster: {n} node{'' if n == 1 else 's'} "
-                      f"({', '.join(self.nodes)}), {session_class.__name__}")
+                      f"({short_names(self.nodes)}), {session_class.__name__}")
         if kwargs.get("conditions"):
             progress.line("  conditions: " + "; ".join(
                 str(c) for c in kwargs["conditions"]))
@@ -96,6 +146,14 @@ class Run:
             progress.line(f"  simulated: {kwargs['schedule']!r} -- epochs "
                           "show virtual time (a machine per node) beside "
                           "wall time")
+        if args.session != "local":
+            progress.line(f"  master pid {os.getpid()}; each node process is "
+                          f"titled 'localcluster: <node> ({os.getpid()})' "
+                          "(ps, top)")
+        if args.cpus:
+            progress.line("  cpus: " + "; ".join(
+                f"{pattern}={','.join(map(str, cpus))}"
+                for pattern, cpus in args.cpus))
         progress.line(f"  checkpoints: {self.directory}"
                       + (f" (resuming from epoch {resume})"
                          if resume is not None else ""))
@@ -165,6 +223,8 @@ class Run:
 
     def _failed(self, code, message, status="error", quiet=False, **extra):
         self.summary.update(status=status, error=message, **extra)
+        self._end_metrics(status, extra.get("latest"), message)
+        self._add_pids()
         if status == "error" and not quiet:
             sys.stderr.write(f"error: {message}\n")
         return code, self.summary
@@ -175,8 +235,10 @@ class Run:
             return True
         epochs = self.runner.result.epochs if self.runner else []
         saves = self.watch.saves if self.watch else []
+        pids = dict(self.watch.pids if self.watch else {},
+                    runner=os.getpid())
         try:
-            self.trace.write(chrome_trace(self.nodes, epochs, saves))
+            self.trace.write(chrome_trace(self.nodes, epochs, saves, pids))
         except OSError as exc:
             sys.stderr.write(f"error: {exc}\n")
             return False
@@ -198,6 +260,8 @@ class Run:
                                for e, m in runner.result.checkpoint_errors],
             restarts=[{"resumed_from": e, "error": m}
                       for e, m in runner.result.restarts])
+        self._add_pids()
+        self._end_metrics("ok", last)
         progress.line(self.watch.done_line(last, seconds, self.directory))
         if self.args.faults is not None:
             fired = self.args.faults.fired()
@@ -214,6 +278,14 @@ class Run:
             progress.line(f"  trace: {self.trace.path} (open in "
                           "chrome://tracing or ui.perfetto.dev)")
         return 0, summary
+
+
+    def _add_pids(self):
+        """``node_pids`` in the summary: the process each node last ran an
+        epoch in (``--session local``: this process)."""
+        if self.watch is not None:
+            self.summary["node_pids"] = {n: self.watch.pids.get(n)
+                                         for n in self.nodes}
 
 
 def _session_class(kind):

@@ -44,6 +44,7 @@ from . import LocalClusterError, printer
 from ._runargs import parser
 from ._runcheck import run_checks
 from ._runconditions import resolve_session
+from ._runcpus import apply_cpus
 from ._rundir import (TEMP_PREFIX, DirLock, check_fresh, discard_if_unused,
                       make_dir, restore_options, save_options, saved_options,
                       sweep_leftovers)
@@ -145,12 +146,13 @@ def _command(args, signals):
             check_fresh(directory, args.overwrite)
         job, options, values = _build(args)
         _check_fault_nodes(args.faults, job)
+        apply_cpus(job, args.cpus)
         manager = checkpoint_manager(directory, job)
         resume = None if args.resume is None else resume_epoch(
             manager, args.resume, job)
         save_options(directory, args.job or DEFAULT_JOB, values)
         code, summary = Run(args, job, options, out, manager, resume,
-                            trace, signals).train()
+                            trace, signals, values).train()
     finally:
         lock.release()
         if given is None:

@@ -79,7 +79,7 @@ def shown_as(line, directory):
     lines with timings and losses -- the part before them."""
     line = line.replace("/tmp/ckpt", directory)
     if line.startswith("epoch "):
-        return line[:len("epoch   7")]
+        return " ".join(line.split()[:2]) + " "   # "epoch 3/5 "
     if line.startswith("done: "):
         return line[:line.index(" in ")]
     return line

@@ -78,7 +78,7 @@ def test_json_summary_has_epochs_metrics_checkpoints_and_usage(tmp_path):
     assert str(tmp_path / "ps.3") in summary["checkpoints"]
     assert summary["status"] == "ok" and summary["checkpoint_errors"] == []
     # the progress lines went to stderr, stdout is the JSON alone
-    assert "epoch   1" in done.stderr
+    assert "epoch 1/" in done.stderr
 
 
 def test_trace_file_covers_every_node(tmp_path):
@@ -142,7 +142,7 @@ def test_ctrl_c_then_resume_ends_with_the_uninterrupted_loss(tmp_path):
         while time.monotonic() < deadline:
             line = proc.stdout.readline()
             lines.append(line)
-            if line.startswith("epoch   1"):
+            if line.startswith("epoch 1/"):
                 time.sleep(0.1)  # well inside epoch 2 (it sleeps 0.4 s)
                 proc.send_signal(signal.SIGINT)
                 break
@@ -395,7 +395,7 @@ def test_sigterm_stops_every_node_and_keeps_the_checkpoints(tmp_path):
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if proc.stdout.readline().startswith("epoch   1"):
+            if proc.stdout.readline().startswith("epoch 1/"):
                 time.sleep(0.1)
                 proc.send_signal(signal.SIGTERM)
                 break

@@ -48,7 +48,7 @@ def stop_after_first_epoch(proc, sig=signal.SIGINT, wait=0.1):
         while time.monotonic() < deadline:
             line = proc.stdout.readline()
             lines.append(line)
-            if line.startswith("epoch   1") or not line:
+            if line.startswith("epoch 1/") or not line:
                 time.sleep(wait)
                 proc.send_signal(sig)
                 break
@@ -94,7 +94,7 @@ def test_a_signal_while_the_master_forks_a_node_stops_the_run(tmp_path, sig):
         env=dict(os.environ, LC_TEST_SIGNAL=str(int(sig))))
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT[sig], out + err
-    assert "done:" not in out and "epoch   1" not in out, out
+    assert "done:" not in out and "epoch 1/" not in out, out
     assert "Traceback" not in err and "Exception ignored" not in err, err
     assert leftovers(proc.pid) == ([], [])
     assert not [f for f in os.listdir(ckpt) if ".partial-" in f]
@@ -449,7 +449,7 @@ def test_resume_compares_options_left_at_their_defaults(tmp_path):
         done = run("--checkpoint-dir", ckpt, "--resume", "1", option, value)
         assert done.returncode == 2, (option, done.stdout)
         assert f"differs from the {option}" in done.stderr
-        assert "epoch   2" not in done.stdout
+        assert "epoch 2/" not in done.stdout
 
 
 def test_a_second_run_into_a_directory_in_use_is_refused(tmp_path):
@@ -460,7 +460,7 @@ def test_a_second_run_into_a_directory_in_use_is_refused(tmp_path):
                 ckpt), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
     try:
-        while not first.stdout.readline().startswith("epoch   1"):
+        while not first.stdout.readline().startswith("epoch 1/"):
             assert first.poll() is None
         second = run("--checkpoint-dir", ckpt, "--resume")
         out, err = first.communicate(timeout=60)

@@ -1,0 +1,322 @@
+"""Every epoch of ``python -m localcluster.run``: its line, the live line
+while it runs, and its record in ``metrics.jsonl``.
+
+An epoch line says where the run is and what it costs::
+
+    epoch 3/5  0.140 s + ckpt 0.012 s  loss 0.2202  468,345 rec/s  elapsed 0.5 s  ETA 0.3 s  | reader 51% 104M  ps 0% 64M ...
+
+-- ``k/N`` (N: the job's ``epochs``, when it has one), the epoch group's
+seconds and its checkpoint's, the job's metrics, records/s over the whole
+epoch (checkpoint included: what the run sustains), the run's elapsed time
+and an ETA (the mean epoch of this run times the epochs left), then each
+node process's CPU and memory since the last epoch.  With more than
+`LIST_AT_MOST` node processes the nodes are summarized as min/median/max
+with the node that finished the epoch group last named,
+and metrics named ``<name>_<n>`` (one per trainer) as ``<name>_* (count)
+min/median/max``; ``--verbose`` adds a line per node and one with every
+metric.  So a line stays under 200 characters at any number of nodes.
+
+While an epoch runs, a terminal shows a live line: the epoch, its
+seconds so far, and the nodes still busy (`Session.running_nodes`: the
+run driver's state) -- which node an epoch waits on.
+"""
+
+import re
+import statistics
+import time
+
+from ._runreport import IN_PROCESS, mib, scalar
+
+__all__ = ["EpochWatch", "LIST_AT_MOST", "short_names", "metrics_text",
+           "nodes_text"]
+
+#: node processes listed one by one on an epoch line; more are summarized
+LIST_AT_MOST = 4
+#: metric names like ``train_loss_7``: one per node, summarized as a group
+_NUMBERED = re.compile(r"^(?P<stem>.+)_(?P<n>\d+)$")
+#: busy nodes named on the live line; more are counted
+_BUSY_SHOWN = 3
+
+
+def _g(value):
+    return "n/a" if value is None else format(value, ".4g")
+
+
+def _natural(name):
+    """Sort key: ``loss`` first, then by name, numbers as numbers."""
+    return (name != "loss",
+            [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)])
+
+
+def metrics_text(values, every=False):
+    """The metrics of an epoch line: ``loss`` first, then by name; unless
+    ``every``, groups of 3 or more ``<stem>_<n>`` as one
+    ``<stem>_* (n) min/med/max``."""
+    names = sorted(values, key=_natural)
+    groups = {}
+    if not every:
+        for name in names:
+            found = _NUMBERED.match(name)
+            if found:
+                groups.setdefault(found["stem"], []).append(name)
+    grouped = {n for members in groups.values() if len(members) >= 3
+               for n in members}
+    parts, done = [], set()
+    for name in names:
+        if name not in grouped:
+            parts.append(f"{name} {_g(values[name])}")
+            continue
+        stem = _NUMBERED.match(name)["stem"]
+        if stem in done:
+            continue
+        done.add(stem)
+        numbers = [values[n] for n in groups[stem] if values[n] is not None]
+        spread = ("n/a" if not numbers else "/".join(
+            _g(v) for v in (min(numbers), statistics.median(numbers),
+                            max(numbers))))
+        parts.append(f"{stem}_* ({len(groups[stem])}) {spread}")
+    return "  ".join(parts)
+
+
+def nodes_text(per_node, node_seconds):
+    """The node part of an epoch line: each process, or (more than
+    `LIST_AT_MOST`) CPU and RSS as min/median/max and the node that
+    finished last."""
+    if len(per_node) <= LIST_AT_MOST:
+        return "  ".join(
+            f"{n} {u['cpu_percent']:.0f}% {mib(u['rss_bytes'])}"
+            if u.get("cpu_percent") is not None
+            else f"{n} {mib(u['rss_bytes'])}"
+            for n, u in per_node.items())
+    cpus = [u["cpu_percent"] for u in per_node.values()
+            if u.get("cpu_percent") is not None]
+    rss = [u["rss_bytes"] for u in per_node.values()]
+    text = f"{len(per_node)} nodes"
+    if cpus:
+        text += " cpu " + "/".join(
+            f"{v:.0f}" for v in (min(cpus), statistics.median(cpus),
+                                 max(cpus))) + "%"
+    text += " rss " + "/".join(
+        mib(v) for v in (min(rss), statistics.median(rss), max(rss)))
+    slowest = _slowest(node_seconds)
+    if slowest is not None:
+        text += f"  last done {slowest} {node_seconds[slowest]:.3f} s"
+    return text
+
+
+def short_names(names):
+    """``names`` for one line: runs of ``<stem>_<n>`` with consecutive
+    numbers as ``<stem>_<a>..<stem>_<b>`` (``trainer_0..trainer_31``)."""
+    out, run = [], []
+
+    def flush():
+        if len(run) > 2:
+            out.append(f"{run[0][2]}..{run[-1][2]}")
+        else:
+            out.extend(name for _, _, name in run)
+        run.clear()
+    for name in names:
+        found = _NUMBERED.match(name)
+        if found and run and run[-1][0] == found["stem"] and \
+                run[-1][1] + 1 == int(found["n"]):
+            run.append((found["stem"], int(found["n"]), name))
+            continue
+        flush()
+        if found:
+            run.append((found["stem"], int(found["n"]), name))
+        else:
+            out.append(name)
+    flush()
+    return ", ".join(out)
+
+
+def _slowest(node_seconds):
+    timed = {n: s for n, s in (node_seconds or {}).items() if s is not None}
+    return max(timed, key=timed.get) if timed else None
+
+
+def _seconds(value):
+    if value >= 3600:
+        return f"{value / 3600:.1f} h"
+    if value >= 60:
+        return f"{value / 60:.1f} min"
+    return f"{value:.1f} s"
+
+
+class EpochWatch:
+    """The runner's ``on_epoch``: fetches the metrics, samples the nodes,
+    prints the epoch's line (and, ``verbose``, a line per node), appends
+    the epoch to ``metrics.jsonl`` (``metrics_log``) and records it for the
+    summary and the trace.  ``check()`` runs first (the command line's
+    `StopSignals.check`: a signal that came during the epoch stops the run
+    here at the latest).  ``restarts()`` lists the runner's restarts so
+    far; ``of``: the epoch the run trains to, if known.
+    """
+
+    def __init__(self, nodes, metrics, records, usage, progress, summary,
+                 resume, check=None, of=None, verbose=False, session=None,
+                 metrics_log=None, run_id=None, restarts=None):
+        self.nodes, self.metrics, self.usage = nodes, metrics, usage
+        self.records, self.check = records, check
+        self.progress, self.summary = progress, summary
+        self.of, self.verbose, self.session = of, verbose, session
+        self.metrics_log, self.run_id = metrics_log, run_id
+        self.restarts = restarts or (lambda: [])
+        self._restarts_logged = 0
+        self.saves, self.first_loss = [], None
+        self.epoch, self.since = resume or 0, time.monotonic()
+        self.started = time.monotonic()
+        self._spent = []   # seconds of each epoch of this run, checkpoint in
+        #: ``{node: pid}`` of the process each node last ran an epoch in
+        self.pids = {}
+
+    # -- while an epoch runs --------------------------------------------------------
+
+    def _k_of_n(self, epoch):
+        return f"{epoch}/{self.of}" if self.of else f"{epoch}"
+
+    def eta(self, epoch):
+        """Seconds until the last epoch, from this run's mean epoch (None:
+        no epoch done yet, or the run's length is not known)."""
+        if not self.of or not self._spent:
+            return None
+        return max(0, self.of - epoch) * statistics.fmean(self._spent)
+
+    def live_text(self):
+        now = time.monotonic()
+        text = (f"epoch {self._k_of_n(self.epoch + 1)} running "
+                f"{now - self.since:.1f} s")
+        busy = self.session.running_nodes() if self.session else []
+        if busy:
+            shown = ", ".join(busy[:_BUSY_SHOWN])
+            more = len(busy) - _BUSY_SHOWN
+            text += (f"  busy {len(busy)}: {shown}"
+                     + (f" +{more} more" if more > 0 else ""))
+        eta = self.eta(self.epoch)
+        text += f"  elapsed {_seconds(now - self.started)}"
+        if eta is not None:
+            text += f"  ETA {_seconds(max(0.0, eta - (now - self.since)))}"
+        return text
+
+    # -- an epoch done ----------------------------------------------------------------
+
+    def on_epoch(self, report):
+        if self.check is not None:
+            self.check()
+        values = {k: scalar(v.fetch()) for k, v in self.metrics.items()}
+        per_node = self.usage.sample()
+        whole = report.seconds + (report.checkpoint_seconds or 0.0)
+        rate = self.records / whole if self.records and whole > 0 else None
+        pids = self.session.node_pids() if self.session else {}
+        self.pids.update(pids)
+        now = time.monotonic()
+        self._spent.append(whole)
+        entry = {
+            "epoch": report.epoch, "seconds": report.seconds,
+            "simulated_seconds": report.simulated_seconds,
+            "checkpoint_seconds": report.checkpoint_seconds,
+            "metrics": values, "records_per_s": rate,
+            "nodes": {n: dict(per_node.get(n, {}),
+                              seconds=report.node_seconds.get(n),
+                              pid=pids.get(n))
+                      for n in self.nodes},
+            "processes": per_node,
+            "checkpoint_error": report.checkpoint_error}
+        self.summary["epochs"].append(entry)
+        self.saves.append((report.epoch, report.started + report.seconds,
+                           report.checkpoint_seconds))
+        self._log_epoch(report, entry, now, pids)
+        self.epoch, self.since = report.epoch, now
+        if self.first_loss is None and values.get("loss") is not None:
+            self.first_loss = values["loss"]
+        self.progress.line(self.line(report, values, rate, per_node, now))
+        if self.verbose:
+            for node in self.nodes:
+                self.progress.line(self._node_line(node, entry, per_node))
+            if values:
+                self.progress.line("    metrics: "
+                                   + metrics_text(values, every=True))
+
+    def line(self, report, values, rate, per_node, now):
+        simulated = "" if report.simulated_seconds is None else \
+            f" (simulated {report.simulated_seconds:.3f} s)"
+        ckpt = "" if report.checkpoint_seconds is None else \
+            f" + ckpt {report.checkpoint_seconds:.3f} s"
+        width = 2 * len(str(self.of)) + 1 if self.of else 3
+        shown = metrics_text(values)
+        text = (f"epoch {self._k_of_n(report.epoch):>{width}}  "
+                f"{report.seconds:7.3f} s{ckpt}{simulated}"
+                + (f"  {shown}" if shown else "")
+                + (f"  {rate:,.0f} rec/s" if rate else "")
+                + f"  elapsed {_seconds(now - self.started)}")
+        eta = self.eta(report.epoch)
+        if eta is not None and report.epoch < self.of:
+            text += f"  ETA {_seconds(eta)}"
+        return text + "  | " + nodes_text(per_node, report.node_seconds)
+
+    def _node_line(self, node, entry, per_node):
+        facts = entry["nodes"][node]
+        shared = node not in per_node and IN_PROCESS in per_node
+        usage = per_node.get(IN_PROCESS if shared else node, {})
+        parts = [f"    {node}"]
+        if facts.get("pid") is not None:
+            parts.append(f"pid {facts['pid']}")
+        if usage.get("cpu_percent") is not None:
+            parts.append(f"cpu {usage['cpu_percent']:.0f}%"
+                         + (" (all nodes)" if shared else ""))
+        if usage.get("rss_bytes") is not None:
+            parts.append(f"rss {mib(usage['rss_bytes'])}")
+        if facts.get("seconds") is not None:
+            parts.append(f"ran {facts['seconds']:.3f} s")
+        return "  ".join(parts)
+
+    def _log_epoch(self, report, entry, now, pids):
+        log = self.metrics_log
+        if log is None:
+            return
+        self.log_restarts()
+        processes = {}
+        for name, usage in entry["processes"].items():
+            processes[name] = dict(
+                usage, pid=pids.get(name),
+                peak_rss_bytes=self.usage.peak_rss.get(name),
+                cpu_seconds=self.usage.cpu_seconds.get(name))
+        log.write({
+            "kind": "epoch", "run": self.run_id, "time": time.time(),
+            "epoch": report.epoch, "of": self.of,
+            "elapsed": now - self.started, "seconds": report.seconds,
+            "checkpoint_seconds": report.checkpoint_seconds,
+            "simulated_seconds": report.simulated_seconds,
+            "records_per_s": entry["records_per_s"],
+            "metrics": entry["metrics"],
+            "restarts": len(self.restarts()),
+            "checkpoint_error": report.checkpoint_error,
+            "nodes": {n: {"seconds": v["seconds"], "pid": v["pid"]}
+                      for n, v in entry["nodes"].items()},
+            "processes": processes})
+
+    def log_restarts(self):
+        """Append the restarts not yet in ``metrics.jsonl``."""
+        if self.metrics_log is None:
+            return
+        restarts = self.restarts()
+        for resumed_from, error in restarts[self._restarts_logged:]:
+            self.metrics_log.write({
+                "kind": "restart", "run": self.run_id, "time": time.time(),
+                "resumed_from": resumed_from, "error": error})
+        self._restarts_logged = len(restarts)
+
+    def done_line(self, last, seconds, checkpoint_dir):
+        """The line that ends a run."""
+        epochs = self.summary["epochs"]
+        final = epochs[-1]["metrics"] if epochs else {}
+        ckpt = sum(e["checkpoint_seconds"] or 0.0 for e in epochs)
+        text = f"done: epoch {last} in {seconds:.2f} s"
+        if epochs:
+            text += f" ({ckpt:.2f} s checkpointing)"
+        first = self.first_loss
+        if final.get("loss") is not None and first is not None:
+            drop = first / final["loss"] if final["loss"] else float("inf")
+            text += (f"; loss {first:.4g} -> {final['loss']:.4g} "
+                     f"({drop:.0f}x lower)")
+        return text + f"; checkpoints in {checkpoint_dir}"

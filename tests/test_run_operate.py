@@ -1,0 +1,267 @@
+"""Operating a run of ``python -m localcluster.run``: the epoch lines at
+many nodes, progress, node pids, ``--cpus``, and ``metrics.jsonl``, which
+a SIGKILLed master keeps whole."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from localcluster._runepochs import metrics_text, nodes_text, short_names
+from localcluster._runmetrics import METRICS_FILE, read_metrics
+
+from test_run import json_run, leftovers, run
+
+
+def epoch_lines(stdout):
+    return [line for line in stdout.splitlines() if line.startswith("epoch ")]
+
+
+@pytest.mark.timeout(180)
+def test_32_nodes_print_epoch_lines_under_200_characters(tmp_path):
+    done = run("--nodes", "32", "--epochs", "2", "--checkpoint-dir",
+               str(tmp_path / "c"), timeout=170)
+    assert done.returncode == 0, done.stderr
+    lines = epoch_lines(done.stdout)
+    assert [line.split()[1] for line in lines] == ["1/2", "2/2"]
+    assert all(len(line) < 200 for line in lines), lines
+    header = done.stdout.splitlines()[0]
+    assert "trainer_0..trainer_31" in header and len(header) < 200
+    # the nodes summarized: cpu and rss min/median/max, the last one named
+    assert "34 nodes cpu " in lines[0] and "last done " in lines[0]
+    assert "train_loss_* (32)" in lines[0]
+
+
+def test_epoch_lines_say_k_of_n_checkpoint_seconds_elapsed_and_eta(tmp_path):
+    done = run("--epochs", "3", "--checkpoint-dir", str(tmp_path / "c"))
+    assert done.returncode == 0, done.stderr
+    first, second, last = epoch_lines(done.stdout)
+    assert first.startswith("epoch 1/3 ") and last.startswith("epoch 3/3 ")
+    for line in (first, second, last):
+        assert " + ckpt " in line and " elapsed " in line
+    assert " ETA " in first and " ETA " in second
+    assert " ETA " not in last  # nothing left to wait for
+    # few nodes are listed one by one
+    assert "| reader " in first and " ps " in first
+    assert "checkpointing)" in done.stdout.splitlines()[-1]
+
+
+def test_records_per_second_count_the_checkpoint(tmp_path):
+    summary, _ = json_run("--epochs", "2", "--checkpoint-dir",
+                       str(tmp_path / "c"))
+    for epoch in summary["epochs"]:
+        whole = epoch["seconds"] + epoch["checkpoint_seconds"]
+        records = epoch["records_per_s"] * whole
+        assert records == pytest.approx(round(records), rel=1e-6)
+
+
+def test_verbose_lists_every_node_with_its_pid(tmp_path):
+    summary_run = run("--epochs", "1", "--verbose", "--json",
+                      "--checkpoint-dir", str(tmp_path / "c"))
+    assert summary_run.returncode == 0, summary_run.stderr
+    summary = json.loads(summary_run.stdout)
+    shown = summary_run.stderr.splitlines()
+    for node, pid in summary["node_pids"].items():
+        assert any(line.split()[:3] == [node, "pid", str(pid)]
+                   for line in shown), (node, shown)
+    assert any(line.strip().startswith("metrics: loss ") for line in shown)
+
+
+def test_node_pids_are_in_the_summary_and_the_trace(tmp_path):
+    trace = tmp_path / "t.json"
+    summary, _ = json_run("--epochs", "1", "--trace", str(trace),
+                       "--checkpoint-dir", str(tmp_path / "c"))
+    pids = summary["node_pids"]
+    assert sorted(pids) == sorted(summary["nodes"])
+    assert len(set(pids.values())) == len(pids)  # a process per node
+    assert summary["master_pid"] not in pids.values()
+    assert all(summary["epochs"][0]["nodes"][n]["pid"] == p
+               for n, p in pids.items())
+    events = json.loads(trace.read_text())
+    assert events["otherData"]["pids"] == dict(
+        pids, runner=summary["master_pid"])
+    tracks = {e["pid"]: e["args"]["name"] for e in events["traceEvents"]
+              if e["name"] == "process_name"}
+    labels = {tracks[e["pid"]]: e["args"]["labels"]
+              for e in events["traceEvents"] if e["name"] == "process_labels"}
+    assert labels == {n: f"pid {p}" for n, p in
+                      dict(pids, runner=summary["master_pid"]).items()}
+
+
+CPU_JOB = textwrap.dedent("""
+    import os
+    import numpy as np
+    from localcluster import Job, Node, Task, epoch_limiter, ops
+
+    def pinned():
+        return np.array(sorted(os.sched_getaffinity(0)), dtype=np.float64)
+
+    def build(epochs=1):
+        outputs = {}
+        with Job() as job:
+            for name in ("a", "b"):
+                with Node(name), Task():
+                    ops.Python(pinned)([], ["cpus"])
+                    outputs[name] = Task.current().add_output("cpus")
+            epoch_limiter(job, epochs)
+        return job, {"metrics": {f"cpus_{n}": o for n, o in outputs.items()}}
+""")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning to one of two CPUs needs two")
+def test_cpus_pins_the_nodes_it_names(tmp_path):
+    job = tmp_path / "cpujob.py"
+    job.write_text(CPU_JOB)
+    first = min(os.sched_getaffinity(0))
+    done = run("--job", f"{job}:build", "--cpus", f"a={first}", "--json",
+               "--checkpoint-dir", str(tmp_path / "c"))
+    assert done.returncode == 0, done.stderr
+    metrics = json.loads(done.stdout)["epochs"][0]["metrics"]
+    assert metrics["cpus_a"] == first  # one CPU: its id
+    assert metrics["cpus_b"] != first  # unpinned: the mean of all of them
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("nobody=0", "no node of the job matches 'nobody'"),
+    ("trainer_*=4096", "are not usable here"),
+    ("trainer_*=x", "is not a CPU id"),
+    ("trainer_*", "is not NODE=CPUS"),
+    ("trainer_*=3-1", "from low to high"),
+])
+def test_a_bad_cpus_is_a_one_line_usage_error(spec, says):
+    done = run("--cpus", spec)
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert says in line and "--cpus" in line
+
+
+# -- metrics.jsonl ---------------------------------------------------------------------
+
+def test_metrics_jsonl_has_a_run_every_epoch_and_the_end(tmp_path):
+    directory = tmp_path / "c"
+    summary, _ = json_run("--epochs", "3", "--checkpoint-dir", str(directory))
+    records = read_metrics(directory / METRICS_FILE)
+    assert [r["kind"] for r in records] == ["run", "epoch", "epoch", "epoch",
+                                           "end"]
+    start, *epochs, end = records
+    assert start["nodes"] == summary["nodes"] and start["epochs"] == 3
+    assert start["options"]["epochs"] == 3
+    assert len({r["run"] for r in records}) == 1
+    for record, shown in zip(epochs, summary["epochs"]):
+        assert record["epoch"] == shown["epoch"] and record["of"] == 3
+        assert record["metrics"] == shown["metrics"]
+        assert record["checkpoint_seconds"] == shown["checkpoint_seconds"]
+        assert set(record["processes"]) == set(summary["nodes"])
+        for facts in record["processes"].values():
+            assert facts["rss_bytes"] > 0 and facts["pid"] > 0
+    assert end["status"] == "ok" and end["last_epoch"] == 3
+    # a resumed run appends its own lines after the first run's
+    json_run("--epochs", "4", "--resume", "--checkpoint-dir", str(directory))
+    again = read_metrics(directory / METRICS_FILE)
+    assert again[:5] == records
+    assert [r["kind"] for r in again[5:]] == ["run", "epoch", "end"]
+    assert again[5]["resumed_from"] == 3 and again[6]["epoch"] == 4
+
+
+@pytest.mark.timeout(120)
+def test_metrics_jsonl_survives_a_sigkilled_master(tmp_path):
+    directory = tmp_path / "c"
+    path = directory / METRICS_FILE
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localcluster.run", "--epochs", "1000",
+         "--checkpoint-dir", str(directory)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if path.exists() and len(read_metrics(path)) >= 4:
+                break
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    raw = path.read_bytes()
+    assert raw.endswith(b"\n")  # every line whole
+    records = read_metrics(path)
+    assert len(records) == raw.count(b"\n")  # none torn, none skipped
+    kinds = [r["kind"] for r in records]
+    assert kinds[0] == "run" and "end" not in kinds
+    epochs = [r["epoch"] for r in records if r["kind"] == "epoch"]
+    assert epochs == list(range(1, len(epochs) + 1)) and len(epochs) >= 3
+    # each epoch logged was checkpointed first: its files are there
+    for node in records[0]["nodes"]:
+        assert (directory / f"{node}.{epochs[-1]}").exists()
+    # the nodes follow their master out
+    for facts in records[1]["nodes"].values():
+        try:
+            psutil.Process(facts["pid"]).wait(20)
+        except psutil.NoSuchProcess:
+            pass
+    assert leftovers(proc.pid)[1] == []
+
+
+def test_a_failed_run_ends_its_history_with_the_error(tmp_path):
+    directory = tmp_path / "c"
+    done = run("--epochs", "3", "--faults", "kill trainer_1 at epoch 2",
+               "--checkpoint-dir", str(directory))
+    assert done.returncode == 1
+    records = read_metrics(directory / METRICS_FILE)
+    assert [r["kind"] for r in records] == ["run", "epoch", "end"]
+    assert records[-1]["status"] == "error"
+    assert "trainer_1" in records[-1]["error"]
+
+
+def test_restarts_are_in_the_history(tmp_path):
+    directory = tmp_path / "c"
+    summary, _ = json_run("--epochs", "3", "--max-restarts", "1", "--faults",
+                       "kill trainer_1 at epoch 2", "--checkpoint-dir",
+                       str(directory))
+    assert len(summary["restarts"]) == 1
+    records = read_metrics(directory / METRICS_FILE)
+    kinds = [r["kind"] for r in records]
+    assert kinds == ["run", "epoch", "restart", "epoch", "epoch", "end"]
+    assert records[2]["resumed_from"] == 1
+    assert [r["restarts"] for r in records if r["kind"] == "epoch"] == \
+        [0, 1, 1]
+    # the restarted node runs in a new process
+    assert records[1]["nodes"]["trainer_1"]["pid"] != \
+        records[3]["nodes"]["trainer_1"]["pid"]
+
+
+# -- the parts of a line ------------------------------------------------------------
+
+def test_numbered_metrics_are_summarized_from_three_on():
+    assert metrics_text({"loss": 1.0, "x_0": 2.0, "x_1": 3.0}) == \
+        "loss 1  x_0 2  x_1 3"
+    assert metrics_text({"x_2": 5.0, "x_10": 1.0, "x_1": 3.0, "loss": None}) \
+        == "loss n/a  x_* (3) 1/3/5"
+    assert metrics_text({"x_2": 5.0, "x_10": 1.0, "x_1": 3.0}, every=True) \
+        == "x_1 3  x_2 5  x_10 1"
+
+
+def test_many_nodes_are_summarized_and_the_last_named():
+    per_node = {f"n_{i}": {"cpu_percent": float(i), "rss_bytes": i << 20}
+                for i in range(1, 6)}
+    text = nodes_text(per_node, {"n_1": 0.1, "n_4": 0.9, "n_5": None})
+    assert text == "5 nodes cpu 1/3/5% rss 1M/3M/5M  last done n_4 0.900 s"
+    few = dict(list(per_node.items())[:2])
+    assert nodes_text(few, {}) == "n_1 1% 1M  n_2 2% 2M"
+
+
+def test_short_names_fold_numbered_runs():
+    assert short_names(["reader", "t_0", "t_1", "t_2", "ps"]) == \
+        "reader, t_0..t_2, ps"
+    assert short_names(["t_0", "t_1", "t_3"]) == "t_0, t_1, t_3"
+    assert short_names(["a_1", "a_2", "a_3", "b_4", "b_5", "b_6"]) == \
+        "a_1..a_3, b_4..b_6"
