@@ -191,6 +191,18 @@ def parser():
     p.add_argument("--json", action="store_true",
                    help="print one JSON summary on stdout (the progress "
                         "lines go to stderr)")
+    p.add_argument("--log-dir", metavar="DIR",
+                   help="write each node's output to DIR/<node>.log and "
+                        "the master's lines to DIR/master.log; the terminal"
+                        " then shows no node output (see --tee)")
+    p.add_argument("--tee", action="store_true",
+                   help="with --log-dir: show the node output on the "
+                        "terminal too")
+    p.add_argument("--log-nodes", action="append", default=[],
+                   metavar="PATTERN",
+                   help="show only these nodes' output on the terminal, "
+                        "e.g. 'trainer_*' (repeatable; the --log-dir files "
+                        "keep every node's)")
     p.add_argument("--verbose", "-v", action="store_true",
                    help="after each epoch line, a line per node: its pid, "
                         "CPU, memory and seconds; every metric in full")

@@ -79,8 +79,9 @@ class Progress:
     """What the run prints: a header, a line per epoch, a live line on a
     terminal, and the summary (to stderr under ``--json``)."""
 
-    def __init__(self, out, live):
+    def __init__(self, out, live, copy=None):
         self.out, self.live = out, live
+        self.copy = copy   # also gets every line (``--log-dir``'s master.log)
         self._status, self._lock = "", threading.Lock()
         self._stop = threading.Event()
         self._thread = None
@@ -92,6 +93,8 @@ class Progress:
                 self._status = ""
             self.out.write(text + "\n")
             self.out.flush()
+        if self.copy is not None:
+            self.copy.write(text)
 
     def start_live(self, what):
         """Redraw ``what()`` as the live line four times a second."""

@@ -18,6 +18,7 @@ from ._runconditions import session_options
 from ._runfail import describe, resume_hint
 from ._runjob import DEFAULT_JOB, UsageError, job_nodes
 from ._runepochs import EpochWatch, short_names
+from ._runlogs import MasterLog, log_options
 from ._runmetrics import MetricsLog, json_safe
 from ._runreport import Progress, Usage
 from ._runsignals import exit_status
@@ -48,12 +49,20 @@ class Run:
         self.started = time.time()
         self.run_id = f"{self.started:.3f}-{os.getpid()}"
         self.metrics_log = None
+        self.master_log = None
         self.max_restarts = args.max_restarts \
             if args.max_restarts is not None \
             else options.get("max_restarts", 0)
         self.watch = self.runner = None
 
     def train(self):
+        try:
+            return self._run()
+        finally:
+            if self.master_log is not None:
+                self.master_log.close()
+
+    def _run(self):
         args, metrics = self.args, self.options.get("metrics") or {}
         bad = [k for k, v in metrics.items() if not isinstance(v, TaskOutput)]
         if bad:
@@ -62,7 +71,14 @@ class Run:
                                 "one)")
         session_class = _session_class(args.session)
         kwargs = {"faults": args.faults,
-                  **session_options(args, self.job)}
+                  **session_options(args, self.job),
+                  **log_options(args, self.nodes)}
+        if args.log_dir is not None:
+            try:
+                self.master_log = MasterLog(args.log_dir, self.nodes)
+            except OSError as exc:
+                raise UsageError(f"--log-dir {args.log_dir}: {exc.strerror};"
+                                 " pick a writable directory") from None
         if args.session == "ray" and args.ray_address:
             kwargs["address"] = args.ray_address
         progress = self._header(session_class, kwargs)
@@ -135,7 +151,8 @@ class Run:
 
     def _header(self, session_class, kwargs):
         args, resume = self.args, self.resume
-        progress = Progress(self.out, live=self.out.isatty())
+        progress = Progress(self.out, live=self.out.isatty(),
+                            copy=self.master_log)
         n = len(self.nodes)
         progress.line(f"localcluster: {n} node{'' if n == 1 else 's'} "
                       f"({short_names(self.nodes)}), {session_class.__name__}")
@@ -209,8 +226,9 @@ class Run:
         latest = None if failure.recurs else self._latest()
         hint = (f"; resume with: {resume_hint(self.args, self.directory)}"
                 if latest is not None else "")
-        sys.stderr.write(f"error: {failure.line}{hint}\n")
-        sys.stderr.writelines(line + "\n" for line in failure.details)
+        self._err(f"error: {failure.line}{hint}")
+        for line in failure.details:
+            self._err(line)
         self._write_trace()
         return self._failed(1, failure.line, latest=latest,
                             node=getattr(exc, "node", None), quiet=True)
@@ -226,7 +244,7 @@ class Run:
         self._end_metrics(status, extra.get("latest"), message)
         self._add_pids()
         if status == "error" and not quiet:
-            sys.stderr.write(f"error: {message}\n")
+            self._err(f"error: {message}")
         return code, self.summary
 
     def _write_trace(self):
@@ -240,7 +258,7 @@ class Run:
         try:
             self.trace.write(chrome_trace(self.nodes, epochs, saves, pids))
         except OSError as exc:
-            sys.stderr.write(f"error: {exc}\n")
+            self._err(f"error: {exc}")
             return False
         return True
 
@@ -279,6 +297,12 @@ class Run:
                           "chrome://tracing or ui.perfetto.dev)")
         return 0, summary
 
+
+    def _err(self, text):
+        """A line on stderr (and in ``--log-dir``'s master.log)."""
+        sys.stderr.write(text + "\n")
+        if self.master_log is not None:
+            self.master_log.write(text)
 
     def _add_pids(self):
         """``node_pids`` in the summary: the process each node last ran an

@@ -1,0 +1,85 @@
+"""Node output on the command line: ``--log-dir``, ``--tee``,
+``--log-nodes``.
+
+- no option: as always, every node's output on the terminal as
+  ``[node] line``;
+- ``--log-dir DIR``: each node's output goes to ``DIR/<node>.log`` (a
+  line per process start marks a restart) and the master's -- its
+  progress lines, warnings and errors -- to ``DIR/master.log``
+  (``localcluster-master.log`` if a node is named ``master``); the
+  terminal keeps the progress lines and no node output;
+- ``--tee``: with ``--log-dir``, the terminal shows the node output too;
+- ``--log-nodes PATTERN`` (repeatable): the terminal shows only the
+  output of the nodes matching one of the patterns (with or without
+  ``--log-dir``; the files always have every node's).
+
+`log_options` turns them into the session's ``log_dir`` / ``log_echo``;
+`MasterLog` is the master's own file.
+"""
+
+import fnmatch
+import logging
+import os
+
+from ._runjob import UsageError
+
+__all__ = ["log_options", "MasterLog", "master_log_name"]
+
+
+def log_options(args, nodes):
+    """The session keyword arguments of the log options (``{}``: none
+    given, the session's default)."""
+    if args.tee and args.log_dir is None:
+        raise UsageError("--tee keeps the terminal copy of --log-dir's "
+                         "files: give --log-dir DIR with it")
+    for pattern in args.log_nodes:
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in nodes):
+            raise UsageError(f"--log-nodes {pattern!r} matches no node of "
+                             f"the job (its nodes: {', '.join(nodes)})")
+    if args.log_dir is None and not args.log_nodes:
+        return {}
+    if args.log_nodes:
+        echo = list(args.log_nodes)
+    else:
+        echo = args.tee or args.log_dir is None
+    options = {"log_echo": echo}
+    if args.log_dir is not None:
+        options["log_dir"] = args.log_dir
+    return options
+
+
+def master_log_name(nodes):
+    return "localcluster-master.log" if "master" in nodes else "master.log"
+
+
+class MasterLog:
+    """``DIR/master.log``: every line the master prints, and its warnings
+    (the ``localcluster`` loggers), appended as they come."""
+
+    def __init__(self, directory, nodes):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self.path = os.path.join(directory, master_log_name(nodes))
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT |
+                     os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        self._file = os.fdopen(fd, "a", buffering=1)
+        self._handler = logging.StreamHandler(self._file)
+        self._handler.setFormatter(logging.Formatter(
+            "%(levelname)s %(name)s: %(message)s"))
+        logging.getLogger("localcluster").addHandler(self._handler)
+
+    def write(self, text):
+        if self._file is not None:
+            try:
+                self._file.write(text if text.endswith("\n") else text + "\n")
+            except OSError:
+                pass
+
+    def close(self):
+        if self._file is None:
+            return
+        logging.getLogger("localcluster").removeHandler(self._handler)
+        try:
+            self._file.close()
+        except OSError:
+            pass
+        self._file = None
