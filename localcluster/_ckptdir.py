@@ -218,15 +218,18 @@ class RunDir:
                 "foreign_files": sorted(self.foreign)}
 
 
-def scan(directory, quick=False, nodes=None):
+def scan(directory, quick=False, nodes=None, about_run=True):
     """The `RunDir` of ``directory``.  ``nodes``: the job's checkpointed
     nodes, if known (else what the checkpoints there say, as ``--resume``
-    reads them); ``quick``: read manifests only (see the module)."""
+    reads them); ``quick``: read manifests only (see the module);
+    ``about_run``: also read the job, the lock and how the last run
+    ended (else only the checkpoints)."""
     found = RunDir(directory, quick)
-    saved = saved_options(directory)
-    found.job = saved.get("job") if saved else None
-    found.in_use, found.pid = in_use(directory)
-    found.last_run = last_run_status(directory)
+    if about_run:
+        saved = saved_options(directory)
+        found.job = saved.get("job") if saved else None
+        found.in_use, found.pid = in_use(directory)
+        found.last_run = last_run_status(directory)
     found.nodes = sorted(map(str, nodes)) if nodes is not None else \
         list(MultiNodeCheckpointManager(directory)._nodes_for_files())
     expected = set(found.nodes)
@@ -437,7 +440,7 @@ def prune(directory, keep, nodes=None):
     restart or a ``--resume`` takes -- is never removed (``keep`` >= 1),
     nor an epoch a live writer is still writing.  A file that cannot be
     removed stays (a warning), and is tried again the next time."""
-    found = scan(directory, quick=True, nodes=nodes)
+    found = scan(directory, quick=True, nodes=nodes, about_run=False)
     _, plan = prune_plan(found, keep)
     removed, _, errors = remove(directory, [name for name, _ in plan])
     for error in errors:

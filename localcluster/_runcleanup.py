@@ -141,7 +141,7 @@ def remove_gone_temp_dirs(directories):
             continue  # a live run holds it (or it cannot be locked)
         freed = None
         try:
-            found = scan(path, quick=True)
+            found = scan(path, quick=True, about_run=False)
             writing = any(e.writing for e in found.epochs.values())
             if found.resume_epoch is not None:
                 kept.append(path)

@@ -122,6 +122,11 @@ def _directory(path):
     if not os.path.isdir(path):
         raise UsageError(f"{path} is not a directory; give a run's "
                          "checkpoint directory (or one holding several)")
+    try:
+        os.listdir(path)
+    except OSError as exc:
+        raise RunFailure(f"{path} cannot be read ({exc.strerror}); give a "
+                         "directory of yours") from exc
     return path
 
 

@@ -321,3 +321,17 @@ def test_cleanup_says_what_stays_and_how_to_remove_it(tmp_path, monkeypatch,
     out = capsys.readouterr().out
     assert "1 temporary run directory" in out and "stays" in out
     assert "localcluster.ckpt prune" in out and "rm -r" in out
+
+
+def test_a_bug_is_one_line_never_a_traceback(tmp_path, capsys, monkeypatch):
+    write_epochs(tmp_path, [0])
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom\nsecond line")
+    monkeypatch.setattr(ckpt, "scan", broken)
+    code, _, err = cli(capsys, "ls", tmp_path)
+    assert code == 1
+    [line] = err.strip().splitlines()
+    assert "RuntimeError: boom" in line and "a bug in localcluster" in line
+    code, _, err = cli(capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
