@@ -196,6 +196,12 @@ class RunDir:
         self.partials = []     # [(name, writer alive)]
         self.foreign = []      # names like <node>.<n> that are not ours
 
+    def epoch(self, number):
+        """The `Epoch` ``number``, made on first use."""
+        if number not in self.epochs:
+            self.epochs[number] = Epoch(number, self.nodes)
+        return self.epochs[number]
+
     @property
     def resume_epoch(self):
         """The epoch ``--resume`` picks: the latest complete one."""
@@ -232,27 +238,7 @@ def scan(directory, quick=False, nodes=None, about_run=True):
         found.last_run = last_run_status(directory)
     found.nodes = sorted(map(str, nodes)) if nodes is not None else \
         list(MultiNodeCheckpointManager(directory)._nodes_for_files())
-    expected = set(found.nodes)
-    try:
-        entries = sorted(os.scandir(directory), key=lambda e: e.name)
-    except OSError:
-        entries = []
-    named = {}  # (node, epoch) -> file name
-    for entry in entries:
-        found.size += _size(entry)
-        named_like = _EPOCH_FILE.match(entry.name)
-        if PARTIAL in entry.name or not named_like:
-            continue
-        if named_like["node"] in expected:
-            named[named_like["node"], int(named_like["epoch"])] = entry.name
-        else:
-            found.foreign.append(entry.name)  # no node of this job
-
-    def epoch(number):
-        if number not in found.epochs:
-            found.epochs[number] = Epoch(number, found.nodes)
-        return found.epochs[number]
-
+    named = _named(found)
     foreign = {}  # (node, epoch) -> why a file named so is not ours
     for (node, number), name in sorted(named.items()):
         problem = _check(os.path.join(directory, name), node, number, quick)
@@ -260,29 +246,60 @@ def scan(directory, quick=False, nodes=None, about_run=True):
             found.foreign.append(name)
             foreign[node, number] = problem
             continue
-        state = epoch(number)
+        state = found.epoch(number)
         state.files.append(name)
         state.size += _size_of(os.path.join(directory, name))
         if problem is None:
             state.present.append(node)
         else:
             state.problems[node] = problem
-    found.partials = partials_under(directory)
-    for name, alive in found.partials:
-        base = _EPOCH_FILE.match(name.split(PARTIAL, 1)[0])
-        if not base or base["node"] not in expected:
-            continue
-        state = epoch(int(base["epoch"]))
-        state.writing = state.writing or alive
-        if (base["node"], int(base["epoch"])) not in named:
-            state.problems[base["node"]] = "being written" if alive else \
-                "partial write"
+    _add_partials(found, named)
     for state in found.epochs.values():
         for node in state.expected:
             if node not in state.present and node not in state.problems:
                 state.problems[node] = foreign.get((node, state.epoch),
                                                    "missing")
     return found
+
+
+def _named(found):
+    """``{(node, epoch): name}`` of the files named as the job's nodes'
+    checkpoints are (``<node>.<epoch>``, the epoch as the manager writes
+    it); other names like ``<x>.<n>`` go to ``found.foreign``.  Adds up
+    ``found.size``."""
+    try:
+        entries = sorted(os.scandir(found.path), key=lambda e: e.name)
+    except OSError:
+        entries = []
+    named = {}
+    for entry in entries:
+        found.size += _size(entry)
+        match = _EPOCH_FILE.match(entry.name)
+        if PARTIAL in entry.name or not match:
+            continue
+        if match["node"] in found.nodes and \
+                str(int(match["epoch"])) == match["epoch"]:
+            named[match["node"], int(match["epoch"])] = entry.name
+        else:
+            found.foreign.append(entry.name)  # no checkpoint of this job's
+    return named
+
+
+def _add_partials(found, named):
+    """The partial files under ``found.path``: each makes its epoch torn
+    where its node has no file (``partial write``, or ``being written``
+    while its writer lives)."""
+    found.partials = partials_under(found.path)
+    for name, alive in found.partials:
+        base = _EPOCH_FILE.match(name.split(PARTIAL, 1)[0])
+        if not base or base["node"] not in found.nodes:
+            continue
+        node, number = base["node"], int(base["epoch"])
+        state = found.epoch(number)
+        state.writing = state.writing or alive
+        if (node, number) not in named:
+            state.problems[node] = "being written" if alive else \
+                "partial write"
 
 
 def _size(entry):

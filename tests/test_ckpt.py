@@ -8,6 +8,7 @@ with a real small run.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -198,6 +199,7 @@ def test_prune_keeps_the_newest_complete_and_what_is_not_the_runs(tmp_path,
     write_epochs(tmp_path, [5])
     (tmp_path / "train.log.1").write_text("a log, not a checkpoint")
     (tmp_path / "a.9").write_text("named like a checkpoint of a")
+    shutil.copy(tmp_path / "a.0", tmp_path / "a.00")  # not the a.0 name
     write(str(tmp_path), "b", 7, as_node="a")          # a's, named b's
     np.savez(tmp_path / "other.npz", x=np.zeros(3))
     os.rename(tmp_path / "other.npz", tmp_path / "c.8")  # not ours
@@ -208,6 +210,7 @@ def test_prune_keeps_the_newest_complete_and_what_is_not_the_runs(tmp_path,
     assert result["kept_epochs"] == [1, 5] and result["resume_epoch"] == 5
     assert names(tmp_path) == sorted(
         ["a.1", "b.1", "c.1", "a.5", "b.5", "c.5", "train.log.1", "a.9",
+         "a.00",
          "b.7", "c.8", RUN_FILE, METRICS_FILE, LOCK_FILE])
     removed = {r["name"]: r["why"] for r in result["removed"]}
     assert removed["a.0"].startswith("epoch 0 (complete")
