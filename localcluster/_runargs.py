@@ -213,6 +213,7 @@ def parser():
                    help="remove what killed runs left -- shared-memory "
                         "segments, and partial checkpoints in "
                         "--checkpoint-dir DIR (default: in the temporary "
-                        "directories of runs without one) -- report it, "
-                        "and exit")
+                        "directories of runs without one, and those of "
+                        "them with nothing to resume) -- report it, and "
+                        "exit")
     return p

@@ -88,8 +88,12 @@ class DirLock:
         self.path = os.path.join(directory, LOCK_FILE)
         self.directory = directory
         self._fd = None
+        #: whether the lock file was made by this acquire (else a run
+        #: that was killed left it)
+        self.created = False
 
     def acquire(self):
+        self.created = not os.path.lexists(self.path)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW |
                          os.O_CLOEXEC, 0o600)
@@ -118,12 +122,13 @@ class DirLock:
         self._fd = fd
         return self
 
-    def release(self):
-        """Remove the lock file (while still holding it) and unlock."""
+    def release(self, remove=True):
+        """Remove the lock file (while still holding it; not if
+        ``remove`` is false) and unlock."""
         if self._fd is None:
             return
         try:
-            if _same_file(self._fd, self.path):
+            if remove and _same_file(self._fd, self.path):
                 os.unlink(self.path)
         except OSError:
             pass

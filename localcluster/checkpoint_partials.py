@@ -14,7 +14,8 @@ writers' ones.
 import os
 import time
 
-__all__ = ["PARTIAL", "remove_partials", "remove_partials_under"]
+__all__ = ["PARTIAL", "remove_partials", "remove_partials_under",
+           "partials_under"]
 
 PARTIAL = ".partial-"
 
@@ -55,6 +56,18 @@ def remove_partials_under(directory, dead_only=False):
     return [removed for base in sorted(bases)
             for removed in remove_partials(os.path.join(directory, base),
                                            dead_only=dead_only)]
+
+
+def partials_under(directory):
+    """``[(name, writer alive)]`` of the partial files under ``directory``,
+    by name; nothing is removed (what a listing, or a dry run, shows)."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    return [(name, _writer_alive(name.split(PARTIAL, 1)[1],
+                                 os.path.join(directory, name)))
+            for name in names if PARTIAL in name]
 
 
 #: seconds a process must have started after a partial file was last

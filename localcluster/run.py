@@ -33,7 +33,6 @@ if __name__ == "__main__":
     from ._runsignals import STOP as _EARLY
     _EARLY.install()
 
-import glob
 import json
 import logging
 import os
@@ -43,6 +42,7 @@ import tempfile
 from . import LocalClusterError, printer
 from ._runargs import parser
 from ._runcheck import run_checks
+from ._runcleanup import cleanup
 from ._runconditions import resolve_session
 from ._runcpus import apply_cpus
 from ._rundir import (TEMP_PREFIX, DirLock, check_fresh, discard_if_unused,
@@ -54,8 +54,6 @@ from ._runresume import checkpoint_manager, resume_epoch
 from ._runsignals import StopSignals, exit_status
 from ._runtrain import Run
 from ._runtrace import TraceFile
-from .checkpoint_file import remove_partials_under
-from .runtime import shm
 
 log = logging.getLogger("localcluster.run")
 
@@ -200,43 +198,6 @@ def _json(value):
     json.dump(value, sys.stdout, indent=1)
     sys.stdout.write("\n")
     sys.stdout.flush()
-
-
-def cleanup(args, out):
-    """``--cleanup``: stale segments, and partial checkpoints of writers
-    that are gone in ``--checkpoint-dir`` (default: in the temporary
-    directories of this user's runs that had none)."""
-    if args.checkpoint_dir is not None:
-        if not os.path.isdir(args.checkpoint_dir):
-            raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is not "
-                             "a directory: nothing there to clean up")
-        directories = [args.checkpoint_dir]
-    else:
-        directories = [d for d in sorted(glob.glob(os.path.join(
-            tempfile.gettempdir(), TEMP_PREFIX + "*")))
-            if os.path.isdir(d) and os.stat(d).st_uid == os.geteuid()]
-    removed = shm.sweep_stale()
-    partials = [os.path.join(d, name) for d in directories
-                for name in remove_partials_under(d, dead_only=True)]
-    if args.json:
-        _json({"removed": [f"/dev/shm/{n}" for n in removed],
-               "partial_checkpoints": partials})
-        return 0
-    if removed:
-        out.write(f"removed {len(removed)} stale shared-memory segment(s) "
-                  "of runs that are gone:\n")
-        out.writelines(f"  /dev/shm/{name}\n" for name in removed)
-    else:
-        out.write("no stale shared-memory segments\n")
-    if partials:
-        out.write(f"removed {len(partials)} partial checkpoint file(s) of "
-                  "writers that are gone:\n")
-        out.writelines(f"  {path}\n" for path in partials)
-    else:
-        out.write(f"no partial checkpoint files of writers that are gone in "
-                  f"{len(directories)} checkpoint director"
-                  f"{'y' if len(directories) == 1 else 'ies'}\n")
-    return 0
 
 
 def _run_as_command():
