@@ -152,6 +152,10 @@ def parser():
                    help="where every node checkpoints every epoch (default: "
                         "a fresh temporary directory, printed); one run at "
                         "a time")
+    p.add_argument("--keep-last", type=_whole(1, MAX_EPOCHS), metavar="N",
+                   help="after each epoch keep only the N newest complete "
+                        "epochs' checkpoints (default: all in a "
+                        "--checkpoint-dir; 2 in the temporary directory)")
     p.add_argument("--resume", nargs="?", const="latest", type=_resume,
                    metavar="EPOCH",
                    help="resume from EPOCH's checkpoint (no number, or "

@@ -5,6 +5,7 @@ the end: done, interrupted (every node stopped, how to resume) or failed
 run stays, and the trace (``--trace``) is written.
 """
 
+import logging
 import os
 import platform
 import sys
@@ -17,6 +18,7 @@ from ._rundir import is_run_file
 from ._runconditions import session_options
 from ._runfail import describe, resume_hint
 from ._runjob import DEFAULT_JOB, UsageError, job_nodes
+from ._ckptdir import prune
 from ._runepochs import EpochWatch, short_names
 from ._runlogs import MasterLog, log_options
 from ._runmetrics import MetricsLog, json_safe
@@ -25,7 +27,12 @@ from ._runsignals import exit_status
 from ._runtrace import chrome_trace
 from .checkpoint_file import PARTIAL, remove_partials_under
 
-__all__ = ["Run"]
+__all__ = ["Run", "TEMP_KEEP_LAST"]
+
+log = logging.getLogger("localcluster.run")
+
+#: the complete epochs a run in the default temporary directory keeps
+TEMP_KEEP_LAST = 2
 
 
 class Run:
@@ -50,6 +57,10 @@ class Run:
         self.run_id = f"{self.started:.3f}-{os.getpid()}"
         self.metrics_log = None
         self.master_log = None
+        #: the complete epochs a run keeps on disk (None: all) -- the
+        #: default temporary directory keeps the last `TEMP_KEEP_LAST`
+        self.keep_last = args.keep_last if args.keep_last is not None \
+            else (TEMP_KEEP_LAST if args.checkpoint_dir is None else None)
         self.max_restarts = args.max_restarts \
             if args.max_restarts is not None \
             else options.get("max_restarts", 0)
@@ -99,7 +110,7 @@ class Run:
                 max_restarts=self.max_restarts, timeout=args.timeout,
                 on_checkpoint_error=self.options.get("on_checkpoint_error",
                                                      "warn"),
-                on_epoch=self.watch.on_epoch)
+                on_epoch=self._on_epoch)
             last = self._train(session, progress)
         except KeyboardInterrupt as exc:
             self._stop(session)
@@ -110,6 +121,23 @@ class Run:
         finally:
             session.close()
         return self._done(last, time.monotonic() - started, progress)
+
+    def _on_epoch(self, report):
+        """An epoch and its checkpoint are done: show and log it, then
+        keep only the newest ``keep_last`` complete epochs on disk."""
+        self.watch.on_epoch(report)
+        if self.keep_last is None or report.checkpoint_error is not None:
+            return
+        try:
+            removed = prune(self.directory, self.keep_last,
+                            nodes=self.job.nodes_to_checkpoint())
+        except OSError as exc:
+            log.warning("--keep-last: %s could not be pruned (%s); the run "
+                        "goes on", self.directory, exc)
+            return
+        if removed:
+            log.info("--keep-last %d: removed %s", self.keep_last,
+                     ", ".join(removed))
 
     # -- metrics.jsonl ----------------------------------------------------------------
 
@@ -171,7 +199,13 @@ class Run:
             progress.line("  cpus: " + "; ".join(
                 f"{pattern}={','.join(map(str, cpus))}"
                 for pattern, cpus in args.cpus))
-        progress.line(f"  checkpoints: {self.directory}"
+        kept = ("" if self.keep_last is None else
+                f" (keeps the last {self.keep_last} complete epoch"
+                f"{'' if self.keep_last == 1 else 's'}"
+                + ("; --checkpoint-dir DIR keeps all" if
+                   args.checkpoint_dir is None and args.keep_last is None
+                   else "") + ")")
+        progress.line(f"  checkpoints: {self.directory}{kept}"
                       + (f" (resuming from epoch {resume})"
                          if resume is not None else ""))
         if self.max_restarts and args.session == "local" and \

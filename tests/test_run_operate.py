@@ -265,3 +265,37 @@ def test_short_names_fold_numbered_runs():
     assert short_names(["t_0", "t_1", "t_3"]) == "t_0, t_1, t_3"
     assert short_names(["a_1", "a_2", "a_3", "b_4", "b_5", "b_6"]) == \
         "a_1..a_3, b_4..b_6"
+
+
+# -- how many checkpoints a run keeps ------------------------------------------------
+
+def checkpointed_epochs(directory):
+    return sorted({int(n.rsplit(".", 1)[1]) for n in os.listdir(directory)
+                   if n.startswith("trainer_0.") and "partial" not in n})
+
+
+def test_the_temporary_directory_keeps_the_last_two_epochs(tmp_path):
+    done = run("--epochs", "4", env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert done.returncode == 0, done.stderr
+    [directory] = [tmp_path / n for n in os.listdir(tmp_path)
+                   if n.startswith("localcluster-ckpt-")]
+    assert checkpointed_epochs(directory) == [3, 4]
+    assert f"checkpoints: {directory} (keeps the last 2 complete epochs" \
+        in done.stdout
+    assert (directory / METRICS_FILE).exists()
+
+
+def test_a_checkpoint_dir_keeps_every_epoch_unless_keep_last(tmp_path):
+    every, last = tmp_path / "every", tmp_path / "last"
+    assert run("--epochs", "3", "--checkpoint-dir", str(every)).returncode \
+        == 0
+    assert checkpointed_epochs(every) == [0, 1, 2, 3]
+    done = run("--epochs", "3", "--keep-last", "1", "--checkpoint-dir",
+               str(last))
+    assert done.returncode == 0, done.stderr
+    assert checkpointed_epochs(last) == [3]
+    # what is kept resumes, and goes on keeping one
+    summary, _ = json_run("--epochs", "5", "--resume", "--keep-last", "1",
+                          "--checkpoint-dir", str(last))
+    assert summary["resumed_from"] == 3 and summary["last_epoch"] == 5
+    assert checkpointed_epochs(last) == [5]
