@@ -36,9 +36,13 @@ class ChromiumError(Exception):
 
 
 def find_binary():
-    """The Chromium to use, or None: ``$CHROMIUM``, else Debian's."""
-    path = os.environ.get("CHROMIUM") or BINARY
-    return path if os.access(path, os.X_OK) else None
+    """The Chromium to use, or None: ``$CHROMIUM``, else Debian's, else
+    one on the PATH."""
+    for path in (os.environ.get("CHROMIUM"), BINARY,
+                 shutil.which("chromium")):
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
 
 
 def png_size(data):
