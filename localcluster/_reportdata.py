@@ -103,6 +103,14 @@ class Report:
         return default
 
     @property
+    def epoch_range(self):
+        """``(first, last)`` epoch of the file, or None: every epoch chart
+        shows this range, so that they line up."""
+        epochs = [num(e.get("epoch")) for _, e in self.epochs]
+        epochs = [e for e in epochs if e is not None]
+        return (min(epochs), max(epochs)) if epochs else None
+
+    @property
     def has_simulated(self):
         return any(num(e.get("simulated_seconds")) is not None
                    for _, e in self.epochs)

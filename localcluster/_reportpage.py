@@ -105,7 +105,27 @@ def header(report, title):
     if not report.runs:
         runs = '<span class="muted">no runs recorded in this file yet</span>'
     return (f'<header><h1>{esc(title)}</h1><dl class="facts">{facts_html}'
-            f'</dl><div class="runs">{runs}</div></header>')
+            f'</dl><div class="runs">{runs}{_summary(report)}</div></header>')
+
+
+def _summary(report):
+    """The outcome in one line: epochs, the first metric's way, restarts."""
+    if not report.epochs:
+        return ""
+    last = max((num(e.get("epoch")) or 0 for _, e in report.epochs))
+    parts = [f"epoch {last:g}"]
+    if report.metrics:
+        name = "loss" if "loss" in report.metrics else report.metrics[0]
+        values = [num((e.get("metrics") or {}).get(name))
+                  if isinstance(e.get("metrics"), dict) else None
+                  for _, e in report.epochs]
+        values = [v for v in values if v is not None]
+        if values:
+            parts.append(f"{name} {fmt_value(values[0])} \u2192 "
+                         f"{fmt_value(values[-1])}")
+    restarts = sum(len(r.restarts) for r in report.runs)
+    parts.append(f"{restarts} restart{'s' if restarts != 1 else ''}")
+    return (f'<span class="summary">{esc(" · ".join(parts))}</span>')
 
 
 def runs_card(report):
@@ -124,7 +144,8 @@ def runs_card(report):
             str(len(run.restarts)), clip(end.get("error")),
             f'<code>{esc(run.id)}</code>'])
     body = _table(["run", "status", "started", "ended", "ran", "epochs",
-                   "resumed from", "restarts", "error", "id"], rows)
+                   "resumed from", "restarts", "error", "id"], rows,
+                  "runs-table")
     return _card("Runs", body, wide=True)
 
 
@@ -195,7 +216,8 @@ def metric_cards(report):
                 else None
         series = _run_series(report, name, value, "")
         chart = line_chart(series, x_label="epoch", y_label=name,
-                           markers=report.markers(), zero=False)
+                           markers=report.markers(),
+                           x_range=report.epoch_range, zero=False)
         cards.append(_card(name, chart + _run_legend(report),
                            "the job's metric after each epoch"))
     return "".join(cards)
@@ -205,7 +227,8 @@ def throughput_card(report):
     series = _run_series(report, "throughput",
                          lambda r: num(r.get("records_per_s")), "rec/s")
     chart = line_chart(series, x_label="epoch", y_label="records / s",
-                       unit="rec/s", markers=report.markers())
+                       unit="rec/s", markers=report.markers(),
+                       x_range=report.epoch_range)
     return _card("Throughput", chart + _run_legend(report),
                  "records per second of an epoch and its checkpoint")
 
@@ -224,7 +247,8 @@ def seconds_card(report):
             (ckpt_s, f"{where}\ncheckpoint: {fmt_value(ckpt_s, 's')}")])
     stacks = [("epoch", "#4e79a7"), ("checkpoint", "#f28e2b")]
     chart = bar_chart(sorted(groups.items()), stacks=stacks, x_label="epoch",
-                      y_label="seconds", unit="s", markers=report.markers())
+                      y_label="seconds", unit="s", markers=report.markers(),
+                      x_range=report.epoch_range)
     legend = _legend([(n, c, "band") for n, c in stacks])
     return _card("Epoch and checkpoint time", chart + legend,
                  "an epoch that ran twice (after a restart) has two bars")
@@ -236,7 +260,8 @@ def simulated_card(report):
     series = _run_series(report, "simulated",
                          lambda r: num(r.get("simulated_seconds")), "s")
     chart = line_chart(series, x_label="epoch", y_label="simulated seconds",
-                       unit="s", markers=report.markers())
+                       unit="s", markers=report.markers(),
+                       x_range=report.epoch_range)
     return _card("Simulated time", chart + _run_legend(report),
                  "virtual seconds of each epoch (--simulate)")
 

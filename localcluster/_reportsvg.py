@@ -172,8 +172,8 @@ def _y_axis(values, unit, zero):
     return _Linear(ticks[0], ticks[-1], H - BOTTOM, TOP), ticks, labels, False
 
 
-def _x_axis(xs, epochs):
-    low, high = min(xs), max(xs)
+def _x_axis(xs, epochs, x_range=None):
+    low, high = x_range or (min(xs), max(xs))
     if epochs:
         low, high = low - 0.5, high + 0.5
         ticks, step = nice_ticks(low, high, 8)
@@ -262,9 +262,10 @@ def _pieces(segment):
 
 
 def line_chart(series, *, x_label, y_label, unit="", markers=(), bands=(),
-               epochs=True, zero=True):
+               epochs=True, zero=True, x_range=None):
     """A line chart of ``series`` (and ``bands`` under them); x is an
-    epoch axis (integer ticks) or, with ``epochs=False``, seconds.
+    epoch axis (integer ticks) or, with ``epochs=False``, seconds;
+    ``x_range``: ``(first, last)`` x to show (default: the data's).
     ``markers``: ``(x, label, kind, tip)`` vertical dashed lines."""
     xs = [p[0] for s in series for seg in s.segments for p in seg
           if p[1] is not None] + [p[0] for b in bands for p in b.points]
@@ -273,7 +274,7 @@ def line_chart(series, *, x_label, y_label, unit="", markers=(), bands=(),
     ys += [v for b in bands for p in b.points for v in p[1:3]]
     if not xs:
         return '<p class="empty">no values to draw</p>'
-    x, xticks, xstep = _x_axis(xs, epochs)
+    x, xticks, xstep = _x_axis(xs, epochs, x_range)
     y, yticks, ylabels, log = _y_axis(ys, unit, zero)
     parts = _frame(x, xticks, xstep, y, yticks, ylabels, x_label, y_label,
                    log)
@@ -314,7 +315,8 @@ def _line(series, x, y):
     return out
 
 
-def bar_chart(groups, *, stacks, x_label, y_label, unit="", markers=()):
+def bar_chart(groups, *, stacks, x_label, y_label, unit="", markers=(),
+              x_range=None):
     """Stacked bars per epoch: ``groups`` of ``(epoch, bars)``, a bar a
     list of ``(value or None, tip)`` -- one per ``stacks`` entry (``(name,
     color)``).  Bars of one epoch (it ran more than once) stand side by
@@ -323,7 +325,7 @@ def bar_chart(groups, *, stacks, x_label, y_label, unit="", markers=()):
               for _, bars in groups for bar in bars]
     if not totals:
         return '<p class="empty">no values to draw</p>'
-    x, xticks, xstep = _x_axis([g[0] for g in groups], True)
+    x, xticks, xstep = _x_axis([g[0] for g in groups], True, x_range)
     yticks, ystep = nice_ticks(0.0, max(totals) or 1.0)
     y = _Linear(0.0, yticks[-1], H - BOTTOM, TOP)
     parts = _frame(x, xticks, xstep, y, yticks,

@@ -54,7 +54,8 @@ h2{margin:0 0 2px;font-size:15px;font-weight:600;word-break:break-all}
 .facts{display:flex;flex-wrap:wrap;gap:4px 26px;margin:0 0 10px}
 .facts div{display:flex;gap:6px;max-width:100%}
 dt{color:#6b7280}dd{margin:0;word-break:break-word}
-.runs{display:flex;flex-wrap:wrap;gap:8px}
+.runs{display:flex;flex-wrap:wrap;gap:8px;align-items:center}
+.summary{margin-left:6px;font-weight:600;color:#374151}
 .run-chip{border:1px solid #e5e7eb;border-left:4px solid var(--c);
 border-radius:6px;padding:3px 10px;background:#fafafa}
 .status{display:inline-block;padding:0 7px;border-radius:9px;font-size:12px;
@@ -84,9 +85,12 @@ background:var(--c);margin-right:6px}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #f0f1f3;
 vertical-align:top;word-break:break-word}
-th{color:#6b7280;font-weight:600;background:#fafafa;position:sticky;top:0}
+th{color:#6b7280;font-weight:600;background:#fafafa;position:sticky;top:0;
+white-space:nowrap;word-break:normal}
 table.num td{font-variant-numeric:tabular-nums;white-space:nowrap}
 table.compact td{padding:2px 8px}
+.runs-table td{white-space:nowrap}
+.runs-table td:nth-child(9){white-space:normal;width:40%}
 .scroll{max-height:480px;overflow:auto;margin-top:6px}
 details{margin:4px 0}summary{cursor:pointer;color:#374151}
 details.long pre{white-space:pre-wrap;word-break:break-all;max-height:320px;
