@@ -21,12 +21,20 @@ KILLED = "did not end (killed?)"
 MAX_NODE_LINES = 12
 
 
+#: beyond this magnitude a number counts as absent: no axis spans it
+LIMIT = 1e300
+
+
 def num(value):
-    """``value`` as a finite float, or None (null, NaN, text, a bool)."""
+    """``value`` as a finite float, or None (null, NaN, text, a bool, or
+    beyond +-`LIMIT`)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    value = float(value)
-    return value if math.isfinite(value) else None
+    try:
+        value = float(value)
+    except OverflowError:      # an int too big for a float
+        return None
+    return value if math.isfinite(value) and abs(value) <= LIMIT else None
 
 
 def _dict(value):

@@ -29,7 +29,10 @@ def when(unix_time):
     t = num(unix_time)
     if t is None:
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):   # no date this platform has
+        return "-"
 
 
 def clip(text, inline=160):

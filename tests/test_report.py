@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import _reportrecords as R
 from localcluster import report as rpt
@@ -154,6 +155,34 @@ def test_null_and_nan_metrics_are_gaps_not_errors():
     assert _points(loss) == 2                      # epochs 1 and 4
     assert len(re.findall("<polyline", loss)) == 2  # the gap splits it
     assert _points(_chart(page, "records / s")) == 3
+
+
+JUNK = [None, "x", float("nan"), float("inf"), -1, 0, 1e308, -1e308, 10**400,
+        5e-324, [], {}, True, {"a": "b"}, [1, 2], EVIL]
+HISTORY = R.resumed_history() + R.one_run(
+    epochs=2, run_id="z", end="error", t=R.T0 + 300, first=7, simulated=1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(HISTORY) - 1),
+                          st.integers(0, 10 ** 6), st.integers(0, 10 ** 6),
+                          st.sampled_from(JUNK)), max_size=8))
+def test_any_field_of_any_type_is_shown_as_absent_never_an_error(changes):
+    records = json.loads(json.dumps(HISTORY))
+    for index, key, inner, junk in changes:
+        record = records[index]
+        name = sorted(record)[key % len(record)]
+        value = record[name]
+        if isinstance(value, dict) and value and inner % 2:
+            sub = sorted(value)[inner % len(value)]
+            if isinstance(value[sub], dict) and value[sub]:
+                value[sub][sorted(value[sub])[inner % len(value[sub])]] = junk
+            else:
+                value[sub] = junk
+        else:
+            record[name] = junk
+    page = rpt.render(records)
+    assert "<h2>Runs</h2>" in page and page.count("<script") == 1
 
 
 def test_one_epoch_only_draws_a_dot_per_chart():
