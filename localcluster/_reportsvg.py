@@ -78,6 +78,8 @@ def _short(value):
     if value == 0:
         return "0"
     magnitude = abs(value)
+    if 1e4 <= magnitude < 1e15:
+        return f"{value:,.0f}"
     if magnitude >= 1e4 or magnitude < 1e-3:
         text = f"{value:.3g}"
         return text.replace("e+0", "e").replace("e-0", "e-").replace("e+", "e")
