@@ -40,7 +40,7 @@ import os
 import sys
 import threading
 
-__all__ = ["LogOptions", "NodeLog", "ForkedCopy", "file_name", "header",
+__all__ = ["LogOptions", "NodeLog", "NodeLogs", "ForkedCopy", "file_name", "header",
            "std_stream"]
 
 log = logging.getLogger(__name__)
@@ -238,6 +238,43 @@ class NodeLog:
                 os.close(fd)
             except OSError:
                 pass
+
+
+class NodeLogs:
+    """A session's `NodeLog` of each node: opened at the node's first
+    start, kept across its restarts, closed by `close`.  ``echo_to`` and
+    ``prefix`` as for `LogOptions.open`; ``fork_ends``: a set a forked
+    child closes (the file's descriptor goes in while it is open)."""
+
+    def __init__(self, options, echo_to, prefix=True, fork_ends=None):
+        self.options = options
+        self._echo_to = echo_to
+        self._prefix = prefix
+        self._fork_ends = fork_ends
+        self._logs = {}      # node -> (NodeLog, its ForkedCopy or None)
+        self._lock = threading.Lock()
+
+    def get(self, node):
+        """``node``'s `NodeLog` (opened now if it is the first time)."""
+        with self._lock:
+            found = self._logs.get(node)
+            if found is None:
+                sink = self.options.open(node, self._echo_to, self._prefix)
+                copy = None
+                if sink.fd is not None and self._fork_ends is not None:
+                    copy = ForkedCopy(sink.fd)
+                    self._fork_ends.add(copy)
+                found = self._logs[node] = (sink, copy)
+            return found[0]
+
+    def close(self):
+        """Close every node's file (idempotent)."""
+        with self._lock:
+            logs, self._logs = list(self._logs.values()), {}
+        for sink, copy in logs:
+            if copy is not None:
+                self._fork_ends.discard(copy)
+            sink.close()
 
 
 class ForkedCopy:

@@ -33,8 +33,11 @@ _PR_SET_NAME = 15
 
 
 def node_title(node, master_pid):
-    """The title of node ``node``'s process, started by ``master_pid``."""
-    return f"localcluster: {node} ({master_pid})"
+    """The title of node ``node``'s process, started by ``master_pid``
+    (a control character of the name shown as ``?``)."""
+    shown = "".join("?" if ord(c) < 32 or c == "\x7f" else c
+                    for c in str(node))
+    return f"localcluster: {shown} ({master_pid})"
 
 
 def set_title(node, master_pid):

@@ -12,7 +12,7 @@
         io.wait: one poll on pipes +        descriptors) / ("error", ...)
           sentinels -> events             node's stdout/stderr ---> LogPump
         io.cancel: control word + SIGUSR1    -> "[node] line" in the master
-        io.kill: SIGKILL the process group
+        io.kill: SIGKILL the process group    and/or <log_dir>/<node>.log
         node death (sentinel, EOF) -> NodeFailedError, segments swept,
           restart with an empty workspace on the next run
       outputs copied out of shared memory (_shmread)
@@ -20,7 +20,10 @@
 
 The rules of a run (first error wins, the others cancelled and killed past
 a grace period, timeouts, a death while idle raised once by the next run)
-are the run driver's (`driver`); this module gives it the process I/O.
+are the run driver's (`driver`); this module gives it the process I/O
+(`_processio`).  Node output goes where ``log_dir``/``log_echo`` say
+(`_nodelogs`); a node's log gets a header line at each start of its
+process, written by the master once it knows the pid.
 Shutdown asks (and reads each node's goodbye: an exit without one is a
 crash), waits, then SIGTERMs and SIGKILLs each node's process group; every
 segment with the session's prefix is unlinked on ``close()``, at exit, and
@@ -51,7 +54,8 @@ from ._handle import (SHUTDOWN_STEP, ControlWords, NodeHandle, NodeState,
                       Poller, await_ready, join_all, read_goodbyes,
                       wait_events)
 from ._logpump import LogPump
-from ._plumbing import check_arguments, check_cpus
+from ._nodelogs import NodeLogs, std_stream
+from ._plumbing import MASTER_ENDS, check_arguments, check_cpus
 from ._prepare import Prepared, QueueChannels, run_message
 from ._processio import OUTPUT_WAIT, ProcessRunIO
 from ._shmread import SegmentReader
@@ -76,13 +80,19 @@ class LocalHostScheduler(Session):
     ``'spawn'``; ``timeout`` is the default of ``run(timeout=)``;
     ``nodes`` (a `Cluster` or a list of node names) starts those nodes now
     instead of on first use; ``faults``: a `FaultPlan`; ``conditions``:
-    `Link` and `Slowdown` conditions of every run.
+    `Link` and `Slowdown` conditions of every run; ``log_dir``: append
+    each node's output to ``<log_dir>/<node>.log``; ``log_echo``: which
+    nodes' output the master shows as ``[node] line`` (True: all, False:
+    none, a pattern or list of fnmatch patterns).  Each node process is
+    titled ``localcluster: <node> (<master pid>)``.
     """
 
     def __init__(self, start_method="fork", timeout=None, nodes=None,
-                 faults=None, schedule=None, conditions=None):
+                 faults=None, schedule=None, conditions=None, log_dir=None,
+                 log_echo=True):
         check_arguments(start_method, timeout, schedule)
-        super().__init__(faults=faults, conditions=conditions)
+        super().__init__(faults=faults, conditions=conditions,
+                         log_dir=log_dir, log_echo=log_echo)
         self._ctx = multiprocessing.get_context(start_method)
         self._start_method = start_method
         self._default_timeout = timeout
@@ -102,6 +112,8 @@ class LocalHostScheduler(Session):
         if self.faults is not None:
             self._fault_book, self._fault_times = shared_book(
                 self._prefix, len(self.faults))
+        self._logs = NodeLogs(self.log_options, std_stream,
+                              fork_ends=MASTER_ENDS)
         self._pump = LogPump()
         _live.add(self)
         log.debug("LocalHostScheduler %s started (%s)", self._prefix,
@@ -126,7 +138,8 @@ class LocalHostScheduler(Session):
         self._ensure(self._nodes_wanted(nodes))
 
     def node_pids(self):
-        """``{node: pid}`` of the running node processes."""
+        """``{node: pid}`` of the running node processes (a node that died
+        and has not restarted yet is left out)."""
         return {n: h.pid for n, h in self._nodes.items() if h.alive()}
 
     def _ensure(self, wanted):
@@ -159,8 +172,9 @@ class LocalHostScheduler(Session):
         faults = None
         if self.faults is not None:
             faults = (self._fault_book, faults_of_node(self.faults, name))
+        sink = self._logs.get(name)   # a log that cannot open: nothing ran
         handle = NodeHandle.spawn(self._ctx, name, prefix, kwargs,
-                                  self._pump, self._controls, faults)
+                                  self._pump, self._controls, faults, sink)
         self._nodes[name] = handle
         self._poller.add(handle)
         return handle
@@ -329,6 +343,7 @@ class LocalHostScheduler(Session):
             self._sync_faults()
             self._fault_times = None
             self._pump.stop()
+            self._logs.close()
             shm.sweep(self._prefix)
             _live.discard(self)
             log.debug("LocalHostScheduler %s closed", self._prefix)
