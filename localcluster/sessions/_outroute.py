@@ -24,7 +24,7 @@ import threading
 from ..runtime.current import current_runtime
 
 __all__ = ["LineSink", "install", "uninstall", "attach", "detach", "flush",
-           "set_default", "original_stream"]
+           "set_default", "flush_default", "original_stream"]
 
 _LOCK = threading.Lock()
 _STATE = {"users": 0, "out": None, "err": None, "default": None}
@@ -130,6 +130,13 @@ def attach(runtime, sink):
 def flush(runtime):
     """Write ``runtime``'s partial lines (at the end of its run)."""
     sink = _SINKS.get(runtime)
+    if sink is not None:
+        sink.flush_partial()
+
+
+def flush_default():
+    """Write the default sink's partial lines."""
+    sink = _STATE["default"]
     if sink is not None:
         sink.flush_partial()
 

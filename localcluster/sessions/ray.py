@@ -41,6 +41,7 @@ import collections
 import functools
 import itertools
 import logging
+import os
 import time
 
 import numpy as np
@@ -97,8 +98,11 @@ class RaySession(Session):
     the Ray this process already initialised); ``namespace``: Ray's;
     ``pool``: an `ActorPool` to take warm actors from and give them back
     to at `close()` (None: actors are started here and killed at
-    `close()`); ``faults``, ``conditions``: as every session's; further
-    keyword arguments go to ``ray.init``."""
+    `close()`); ``faults``, ``conditions``, ``log_dir``, ``log_echo``: as
+    every session's (each actor writes its node's log itself, so
+    ``log_dir`` must be a path the actors can write: on one machine it
+    is); further keyword arguments go to ``ray.init``.  Each actor's
+    process is titled ``localcluster: <node> (<driver pid>)``."""
 
     #: what a checkpoint error adds: each actor writes its own files
     CHECKPOINT_REACH = (
@@ -107,8 +111,14 @@ class RaySession(Session):
         "reach at the same absolute path (a shared filesystem)")
 
     def __init__(self, address=None, namespace=None, faults=None, pool=None,
-                 conditions=None, **ray_init_kwargs):
-        super().__init__(faults=faults, conditions=conditions)
+                 conditions=None, log_dir=None, log_echo=True,
+                 **ray_init_kwargs):
+        super().__init__(faults=faults, conditions=conditions,
+                         log_dir=log_dir, log_echo=log_echo)
+        #: what every node actor is started (or reset) with after its
+        #: faults and book: (log options or None, this driver's pid)
+        self._actor_args = (self.log_options.as_tuple() if
+                            self.log_options.active else None, os.getpid())
         self._pool = pool
         self._owns_ray = connect(address, namespace, **ray_init_kwargs)
         self._actor_class = ray.remote(max_concurrency=2,
@@ -157,7 +167,8 @@ class RaySession(Session):
         self._ensure(self._nodes_wanted(nodes))
 
     def node_pids(self):
-        """``{node: pid}`` of each node's actor process."""
+        """``{node: pid}`` of each started node's actor process (on the
+        machine Ray placed it on)."""
         return {name: node.pid for name, node in self._nodes.items()}
 
     def node_stats(self):
@@ -238,7 +249,8 @@ class RaySession(Session):
             if taken is None:
                 break
             actor = taken[0]
-            ref = actor.reset.remote(name, faults, self._book)
+            ref = actor.reset.remote(name, faults, self._book,
+                                     *self._actor_args)
             ready, _ = ray.wait([ref], timeout=REQUEST_TIMEOUT)
             try:
                 ray.get(ready or ref, timeout=0)
@@ -248,7 +260,7 @@ class RaySession(Session):
                 continue
             return _Node(name, actor, kwargs), ref
         actor = self._actor_class.options(**actor_options(kwargs)).remote(
-            name, faults, self._book)
+            name, faults, self._book, *self._actor_args)
         return _Node(name, actor, kwargs), actor.pid.remote()
 
     def _died(self, name, exc):
@@ -297,7 +309,8 @@ class RaySession(Session):
         for: an actor's two threads may run a later session's reset
         first."""
         nodes = list(self._nodes.values())
-        refs = [n.actor.reset.remote(f"idle ({n.name})") for n in nodes]
+        refs = [n.actor.reset.remote(f"idle ({n.name})", None, None, None,
+                                     os.getpid()) for n in nodes]
         for node, ref in zip(nodes, refs):
             try:
                 ray.get(ref, timeout=REQUEST_TIMEOUT)
