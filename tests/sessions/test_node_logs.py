@@ -41,9 +41,17 @@ def _node_of(arg):
     return str(arg.item()) if hasattr(arg, "item") else str(arg)
 
 
-def say_then_die(_):
-    print("said before dying", flush=True)
-    print("a partial line", end="", flush=True)
+def say_then_die(path):
+    """One write (one pipe read in the master): a line and a partial
+    one; then, once the master has the line in the log -- so the node's
+    own relay has sent it all -- die."""
+    print("said before dying\na partial line", end="", flush=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(str(path.item())) as f:
+            if "said before dying" in f.read():
+                break
+        time.sleep(0.01)
     os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(10)
 
@@ -281,8 +289,10 @@ def test_a_restarted_node_log_has_a_header_per_process(localhost, tmp_path):
 
 def test_a_node_killed_mid_run_keeps_its_lines(localhost, tmp_path):
     session = localhost(log_dir=tmp_path, log_echo=False)
+    with TaskGroup() as group, Node("alpha"), Task():
+        ops.Python(say_then_die)([ops.Const(session.log_path("alpha"))], [])
     with pytest.raises(NodeFailedError) as caught:
-        session.run(speaking_group(["alpha"], fn=say_then_die))
+        session.run(group)
     assert body(read_log(session, "alpha")) == ["said before dying",
                                                 "a partial line"]
     assert "said before dying" in caught.value.last_log_lines
