@@ -46,6 +46,7 @@ from ..kernels import registry
 from ..kernels.registry import OpContext
 from .cancel import CancelEvent
 from .clock import REAL_TIME
+from .current import inherit
 from .links import run_net_slowed
 from .outputs import store, store_lent
 
@@ -380,7 +381,8 @@ def run_concurrently(fns, rc, name):
 
     branches = rc.clock.branches(
         [f"{name}:{i}" for i in range(len(fns))],
-        [functools.partial(target, fn) for fn in fns], f"lc:{rc.node}:{name}")
+        [inherit(functools.partial(target, fn)) for fn in fns],
+        f"lc:{rc.node}:{name}")
     try:
         branches.start()
         branches.join()  # bounded by cancellation: see the module docstring
@@ -409,7 +411,8 @@ class _Reporters:
         self._errors = []
         self._branches = rc.clock.branches(
             [f"{s.name}:every:{i}" for i, s in enumerate(steps)],
-            [functools.partial(self._loop, s, ws, rc, task) for s in steps],
+            [inherit(functools.partial(self._loop, s, ws, rc, task))
+             for s in steps],
             f"lc:{rc.node}:every")
         self._branches.start()
 

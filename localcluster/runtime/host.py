@@ -39,6 +39,7 @@ import time
 from ..plan.node_plan import NodePlan
 from .cancel import CancelEvent
 from .channels import ChannelHub, LocalChannel
+from . import current
 from .clock import REAL_TIME
 from .executor import RunContext
 from .links import RunLinks
@@ -145,6 +146,7 @@ class NodeRuntime:
             plan = self.plan(plan)
         self._begin(run_id, channels, trace, clock, conditions)
         start = time.perf_counter()
+        marked = current.enter(self)   # output of this thread is ours
         try:
             if self.faults is not None and epoch is not None:
                 self.faults.at_run(epoch)
@@ -156,6 +158,7 @@ class NodeRuntime:
             self.cancelled.set()
             raise
         finally:
+            current.leave(marked)
             self._current = None  # a late cancel of it now does nothing
             self._rc.clock = REAL_TIME  # the run's scheduler is not kept
         return RunResult(outputs, time.perf_counter() - start,

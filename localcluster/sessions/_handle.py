@@ -83,10 +83,13 @@ class NodeHandle:
     # -- start --------------------------------------------------------------
 
     @classmethod
-    def spawn(cls, ctx, name, prefix, kwargs, pump, controls, faults=None):
+    def spawn(cls, ctx, name, prefix, kwargs, pump, controls, faults=None,
+              sink=None):
         """Start the node process; returns before it is ready.
         ``controls``: the scheduler's `ControlWords`; ``faults``: (the
-        fault book's segment, the node's faults)."""
+        fault book's segment, the node's faults); ``sink``: the node's
+        `NodeLog` (its start header is written once the pid is known,
+        before any of its output)."""
         handle = cls(name, prefix, dict(kwargs))
         master_conn, node_conn = ctx.Pipe(duplex=True)
         log_r, log_w = ctx.Pipe(duplex=False)
@@ -157,7 +160,9 @@ class NodeHandle:
             pass  # the child did it first
         handle.process, handle.conn, handle.pid = process, master_conn, \
             process.pid
-        handle.log = pump.add(log_r, name)
+        if sink is not None:
+            sink.started(process.pid)
+        handle.log = pump.add(log_r, name, sink)
         log.debug("started node %r (pid %d)", name, process.pid)
         try:
             for sig in dict.fromkeys(deferred):  # the handlers run here

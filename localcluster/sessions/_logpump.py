@@ -4,8 +4,10 @@ Each node process sends ``(stream, bytes)`` chunks of its stdout/stderr
 over a one-way pipe.  The pump waits on all of them in one epoll set,
 which `add` extends while the pump waits (so starting a node costs the
 pump nothing: no wake-up, no rebuilt wait list -- with hundreds of nodes
-that rebuild made start-up quadratic), splits chunks into lines and writes
-each line to the master's stdout or stderr as ``[node] line``.  It keeps
+that rebuild made start-up quadratic), splits chunks into lines and hands
+each to the node's `NodeLog` (`_nodelogs`): its log file, if the session
+has a ``log_dir``, and -- if the node is echoed -- the master's stdout or
+stderr as ``[node] line``.  A partial last line is written at EOF.  It keeps
 the last lines of every node for `NodeFailedError`, and tells whoever waits
 (``wait_closed``) when a node's pipe reached EOF -- which, for a dead node,
 means every line it wrote has been seen.
@@ -13,10 +15,10 @@ means every line it wrote has been seen.
 
 import collections
 import select
-import sys
 import threading
 from multiprocessing import connection
 
+from ._nodelogs import NodeLog, std_stream
 from ._plumbing import MASTER_ENDS
 
 __all__ = ["LogPump"]
@@ -24,20 +26,10 @@ __all__ = ["LogPump"]
 LAST_LINES = 20
 
 
-class _Nowhere:
-    def write(self, text):
-        pass
-
-    def flush(self):
-        pass
-
-
-_NOWHERE = _Nowhere()
-
-
 class _Stream:
-    def __init__(self, node):
+    def __init__(self, node, sink):
         self.node = node
+        self.sink = sink
         self.partial = {"out": b"", "err": b""}
         self.last = collections.deque(maxlen=LAST_LINES)
         self.closed = threading.Event()
@@ -68,10 +60,14 @@ class LogPump:
         self._stopping = False
         self._thread.start()
 
-    def add(self, conn, node):
-        """Show ``conn``'s output as ``node``'s; the pump sees it at once
-        (epoll takes a new fd while another thread waits on it)."""
-        stream = _Stream(node)
+    def add(self, conn, node, sink=None):
+        """Show ``conn``'s output as ``node``'s through ``sink`` (a
+        `NodeLog`; None: echo every line as ``[node] line``); the pump
+        sees it at once (epoll takes a new fd while another thread waits
+        on it)."""
+        if sink is None:
+            sink = NodeLog(node, None, std_stream)
+        stream = _Stream(node, sink)
         with self._lock:
             self._streams[conn.fileno()] = (conn, stream)
             MASTER_ENDS.add(conn)
@@ -132,19 +128,12 @@ class LogPump:
         text = stream.partial[tag] + data
         lines = text.split(b"\n")
         stream.partial[tag] = b"" if final else lines.pop()
-        out = sys.stdout if tag == "out" else sys.stderr
-        if out is None:  # no stream to show it on; keep the last lines
-            out = _NOWHERE
         for line in lines:
             if final and not line:
                 continue
             decoded = line.decode("utf-8", "replace")
             stream.last.append(decoded)
-            try:
-                out.write(f"[{stream.node}] {decoded}\n")
-                out.flush()
-            except (OSError, ValueError):
-                pass  # the master's stream is closed; keep the lines
+            stream.sink.line(tag, line, decoded)
 
     def _close(self, fd, conn, stream):
         for tag in ("out", "err"):

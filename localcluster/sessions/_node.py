@@ -13,7 +13,8 @@ The runtime does the node's work (plans, workspace, runs, queues); this
 module turns the pipe protocol (`_protocol`) into calls on it and owns
 what is the process's: the shared-memory store the workspace lives in,
 the descriptors outputs travel as (`_Outbox`), signals, the master
-watch, output redirection and limits (`_plumbing`).
+watch, output redirection and limits (`_plumbing`), and its process
+title, ``localcluster: <node> (<master pid>)`` (`_title`), set first.
 
 The main thread reads requests itself; no thread hand-off sits on the path
 of a request.  A cancellation cannot come through the pipe while the main
@@ -47,6 +48,7 @@ from ..runtime.shm_channel import ShmChannel
 from . import _protocol as P
 from ._plumbing import (Output, apply_node_options, reset_signal_handlers,
                         set_parent_death_signal)
+from ._title import set_title
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,7 @@ class NodeSpec:
 
 def node_main(spec, conn, log_conn):
     """Entry point of a node process."""
+    set_title(spec.name, spec.master_pid)   # ps shows the node from now on
     try:
         os.setpgid(0, 0)
     except OSError:

@@ -8,13 +8,23 @@
            conditions))
           -> ("ok", outputs, trace) | ("error", error_info)
       cancel(rid) / fetch / feed / blobs / has
-      reset(name, faults, book) -> pid: a pooled actor becomes another
-          node, with an empty workspace and no plans
+      reset(name, faults, book, logs, driver pid) -> pid: a pooled actor
+          becomes another node, with an empty workspace and no plans
+      its process is titled ``localcluster: <node> (<driver pid>)``
+          (`_title`: Ray's per-call title kept out)
+      logs = (log_dir, echo): the actor appends its node's output to
+          <log_dir>/<node>.log itself (a header per node start: the
+          actor's first, or a pooled actor's reset), and writes it to its
+          real stdout/stderr -- which Ray forwards to the driver, prefixed
+          with the node's name -- only if the node is echoed
     BookActor: when each fault of the plan fired (a Kill fires once per
       session, whichever actor runs the node)
 
 Methods answer with plain data; errors travel as `error_info`, as a node
-process's do.  Nothing here knows the driver.
+process's do.  Nothing here knows the driver.  ``log_dir`` is a path on
+the actor's machine: on one machine it is the driver's directory; on a
+cluster each machine writes its actors' logs under that path on its own
+disk (or on a shared filesystem mounted there).
 """
 
 import os
@@ -28,8 +38,11 @@ from ..plan.packing import unpack_plan
 from ..runtime.faults import NodeFaults, die_in_process
 from ..runtime.host import NodeRuntime
 from ..runtime.procstats import process_stats
+from . import _outroute as route
 from . import _protocol as P
+from ._nodelogs import LogOptions
 from ._raychannel import actor_channels
+from ._title import set_ray_title
 
 __all__ = ["NodeActor", "BookActor", "announce_name"]
 
@@ -38,19 +51,27 @@ class NodeActor:
     """One node: a NodeRuntime in a Ray actor (see the module docstring).
     Its methods answer with plain data; errors travel as `error_info`."""
 
-    def __init__(self, name, faults=None, book=None):
+    def __init__(self, name, faults=None, book=None, logs=None,
+                 driver_pid=None):
         self.runtime = None
-        self.reset(name, faults, book)
+        self.log = None        # the node's NodeLog, with log options
+        self.title = None      # (node, driver pid)
+        self.reset(name, faults, book, logs, driver_pid)
 
     def __repr__(self):
         return self.name   # Ray prefixes the actor's output with it
 
-    def reset(self, name, faults=None, book=None):
+    def reset(self, name, faults=None, book=None, logs=None,
+              driver_pid=None):
         """Become node ``name`` with an empty workspace and no plans (an
-        actor taken from a pool); the process's pid."""
+        actor taken from a pool), its output going where ``logs`` (``(log
+        dir, echo)`` or None) says; the process's pid."""
         if self.runtime is not None:
             self.runtime.close()
         self.name = name
+        self.title = (name, driver_pid if driver_pid else os.getppid())
+        set_ray_title(*self.title)
+        self._logs(name, logs)
         node_faults = None
         if faults:   # a Kill ends this actor's process for real
             node_faults = NodeFaults(name, faults, RemoteBook(book),
@@ -61,6 +82,21 @@ class NodeActor:
                                    faults=node_faults, now_ns=time.time_ns)
         announce_name(name)
         return os.getpid()
+
+    def _logs(self, name, logs):
+        """Route this process's output to node ``name``'s log (or, with
+        None, let it write through as Ray's own)."""
+        if self.log is not None:
+            route.set_default(None)
+            self.log.close()
+            self.log = None
+        options = LogOptions(*logs) if logs else None
+        if options is None or not options.active:
+            return
+        self.log = options.open(name, route.original_stream, prefix=False)
+        route.install()   # once per process: later calls only count
+        self.log.started(os.getpid())
+        route.set_default(route.LineSink(_RayMarkers(self.log)))
 
     def pid(self):
         return os.getpid()
@@ -75,6 +111,7 @@ class NodeActor:
         channels, conditions)`` -- one argument, as Ray serializes each separately."""
         rid, plan_id, plan_bytes, trace, epoch, channels, conditions = \
             request
+        set_ray_title(*self.title)   # again, should Ray have reset it
         try:
             if plan_bytes is not None:
                 try:
@@ -88,6 +125,9 @@ class NodeActor:
                                       epoch=epoch, conditions=conditions)
         except BaseException as exc:  # noqa: BLE001 - sent to the driver
             return ("error", P.error_info(exc))
+        finally:
+            if self.log is not None:
+                route.flush_default()   # a line the run left unended
         return ("ok", result.outputs, result.trace)
 
     def cancel(self, rid):
@@ -140,12 +180,37 @@ class RemoteBook:
 
 
 
+class _RayMarkers:
+    """A `NodeLog` that lets Ray's own actor-name lines (which Ray prints
+    to sys.stdout itself) through to the real streams, not the log."""
+
+    def __init__(self, node_log):
+        self.log = node_log
+        self.marker = _marker()
+
+    def line(self, tag, raw, text=None):
+        if self.marker and text is not None and \
+                text.startswith(self.marker):
+            stream = route.original_stream(tag)
+            if stream is not None:
+                stream.write(text + "\n")
+                stream.flush()
+            return
+        self.log.line(tag, raw, text)
+
+
+def _marker():
+    marker = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    return getattr(marker, "LOG_PREFIX_ACTOR_NAME", None)
+
+
 def announce_name(name):
     """Tell Ray's log monitor this actor's output is now ``name``'s (the
     line Ray itself writes when an actor starts; it prefixes the
     actor's later lines with the name)."""
-    marker = getattr(getattr(ray, "_private", None), "ray_constants", None)
-    marker = getattr(marker, "LOG_PREFIX_ACTOR_NAME", None)
+    marker = _marker()
     if marker:
-        for stream in (sys.stdout, sys.stderr):
+        for tag in ("out", "err"):
+            stream = route.original_stream(tag) or \
+                (sys.stdout if tag == "out" else sys.stderr)
             print(marker + name, file=stream, flush=True)

@@ -7,6 +7,11 @@ hands the plans to ``_run_plans`` -- the one thing a concrete session
 implements, besides blob access -- and sets the values that come back on
 the group's `TaskOutput`s.
 
+Every session takes ``log_dir`` and ``log_echo`` (`_nodelogs`): each
+node's output appended to ``<log_dir>/<node>.log`` with a header at each
+start of its process, and which nodes' output is shown on this process's
+terminal; ``node_pids()`` says which process each node runs in.
+
 Session states are an enum: OPEN -> CLOSED (you closed it) or BROKEN (a
 failure it could not recover from, e.g. a thread that would not stop);
 both refuse further runs with `SessionClosedError` saying which.
@@ -29,6 +34,7 @@ from ..plan.validate import check_seconds
 from ..runtime.procstats import process_stats
 from ..task import Cluster, Task, TaskGroup
 from ._conditions import RunConditions, timeout_note
+from ._nodelogs import LogOptions
 
 __all__ = ["Session", "SessionState"]
 
@@ -44,7 +50,12 @@ class SessionState(enum.Enum):
 class Session:
     """Base of every session; see the module docstring."""
 
-    def __init__(self, faults=None, conditions=None):
+    def __init__(self, faults=None, conditions=None, log_dir=None,
+                 log_echo=True):
+        #: where node output goes: ``log_dir`` (per-node files) and
+        #: ``log_echo`` (which nodes are shown here), checked now
+        #: (`_nodelogs`)
+        self.log_options = LogOptions(log_dir, log_echo)
         #: the `FaultPlan` this session fires (None: no faults)
         self.faults = as_fault_plan(faults, type(self).__name__)
         #: the `Link` and `Slowdown` conditions of every run (after the
@@ -255,6 +266,16 @@ class Session:
             names = [str(n) for n in nodes]
             kwargs = Cluster.current().node_kwargs()
         return {n: kwargs.get(n, {}) for n in names}
+
+    @property
+    def log_dir(self):
+        """The absolute directory of the node logs, or None."""
+        return self.log_options.log_dir
+
+    def log_path(self, node):
+        """The file ``node``'s output is appended to (whether it exists
+        yet or not), or None without a ``log_dir``."""
+        return self.log_options.path(node)
 
     # -- blobs ----------------------------------------------------------------------
 

@@ -20,6 +20,13 @@ on a virtual clock that the session keeps from run to run (it starts at
 0, so timers read the same in every fresh session).  Each run starts the
 schedule afresh: its decisions depend on the seed, the plan and the
 workspaces only; ``last_schedule`` holds them after the run.
+
+With ``log_dir`` or ``log_echo`` other than True, node output is routed
+by node (`_outroute`): whatever a thread running for a node writes to
+sys.stdout/sys.stderr goes to that node's log file and, if the node is
+echoed, to the terminal as ``[node] line``; a node's log gets a header
+(this process's pid) when its runtime is made -- at its first run, and
+after a `Kill` fault ended it.  Without them, output is untouched.
 """
 
 import functools
@@ -39,7 +46,9 @@ from ..runtime.faults import (FaultBook, NodeDeath, NodeFaults,
                               die_in_thread, faults_of_node)
 from ..runtime.host import NodeRuntime
 from ..runtime.schedule import as_schedule
+from . import _outroute as route
 from . import driver
+from ._nodelogs import NodeLogs
 from ._threads import (CANCEL_GRACE, ThreadRunIO, run_node, run_scheduled,
                        work)
 from .base import Session
@@ -54,10 +63,14 @@ class LocalSession(Session):
 
     ``schedule``: None (threads run freely), a seed (an int) or a
     `localcluster.testing.Schedule`; ``faults``: a `FaultPlan` to fire;
-    ``conditions``: `Link` and `Slowdown` conditions of every run."""
+    ``conditions``: `Link` and `Slowdown` conditions of every run;
+    ``log_dir``, ``log_echo``: where node output goes (module
+    docstring)."""
 
-    def __init__(self, schedule=None, faults=None, conditions=None):
-        super().__init__(faults=faults, conditions=conditions)
+    def __init__(self, schedule=None, faults=None, conditions=None,
+                 log_dir=None, log_echo=True):
+        super().__init__(faults=faults, conditions=conditions,
+                         log_dir=log_dir, log_echo=log_echo)
         if self.faults is not None:
             self._fault_times = np.zeros(len(self.faults))
             self._fault_book = FaultBook(self._fault_times)
@@ -71,6 +84,10 @@ class LocalSession(Session):
         self._rids = itertools.count(1)
         self._queues = weakref.WeakKeyDictionary()  # plan -> its queues
         self._checked = None   # the plans of the last run, found valid
+        self._logs = None
+        if self.log_options.active:
+            self._logs = NodeLogs(self.log_options, route.original_stream)
+            route.install()
 
     def __repr__(self):
         schedule = "" if self._schedule is None else f"{self._schedule!r}, "
@@ -95,7 +112,8 @@ class LocalSession(Session):
         self._schedule = value
 
     def node_pids(self):
-        """``{node: pid}``: every node of this session is this process."""
+        """``{node: pid}`` of every node this session has started: all
+        this process's pid (the nodes are threads of it)."""
         return dict.fromkeys(self._runtimes, os.getpid())
 
     def _runtime(self, node):
@@ -106,6 +124,10 @@ class LocalSession(Session):
                 faults = NodeFaults(node, faults_of_node(self.faults, node),
                                     self._fault_book, die_in_thread(node))
             runtime = self._runtimes[node] = NodeRuntime(node, faults=faults)
+            if self._logs is not None:
+                sink = self._logs.get(node)
+                sink.started(os.getpid())
+                route.attach(runtime, route.LineSink(sink))
         return runtime
 
     def _died(self, death):
@@ -114,6 +136,7 @@ class LocalSession(Session):
         node = death.node
         runtime = self._runtimes.pop(node, None)
         if runtime is not None:
+            route.detach(runtime)
             runtime.close()
         what = death.signal_name or f"exit status {death.exitcode}"
         return NodeFailedError(
@@ -127,8 +150,12 @@ class LocalSession(Session):
             worker.put(None)
         self._workers.clear()
         for runtime in self._runtimes.values():
+            route.detach(runtime)
             runtime.close()
         self._runtimes.clear()
+        if self._logs is not None:
+            route.uninstall()
+            self._logs.close()
 
     # -- running ----------------------------------------------------------------
 
@@ -141,6 +168,14 @@ class LocalSession(Session):
         return worker
 
     def _run_plans(self, plans, timeout):
+        try:
+            return self._run_nodes(plans, timeout)
+        finally:
+            if self._logs is not None:   # a line a run left unended
+                for plan in plans:
+                    route.flush(self._runtimes.get(plan.node))
+
+    def _run_nodes(self, plans, timeout):
         if plans is not self._checked:  # a group run again: checked already
             check_cross_node_queues(plans, {p.node: self._queues_of(p)
                                             for p in plans})

@@ -12,7 +12,7 @@
         io.wait: one poll on pipes +        descriptors) / ("error", ...)
           sentinels -> events             node's stdout/stderr ---> LogPump
         io.cancel: control word + SIGUSR1    -> "[node] line" in the master
-        io.kill: SIGKILL the process group
+        io.kill: SIGKILL the process group    and/or <log_dir>/<node>.log
         node death (sentinel, EOF) -> NodeFailedError, segments swept,
           restart with an empty workspace on the next run
       outputs copied out of shared memory (_shmread)
@@ -20,7 +20,10 @@
 
 The rules of a run (first error wins, the others cancelled and killed past
 a grace period, timeouts, a death while idle raised once by the next run)
-are the run driver's (`driver`); this module gives it the process I/O.
+are the run driver's (`driver`); this module gives it the process I/O
+(`_processio`).  Node output goes where ``log_dir``/``log_echo`` say
+(`_nodelogs`); a node's log gets a header line at each start of its
+process, written by the master once it knows the pid.
 Shutdown asks (and reads each node's goodbye: an exit without one is a
 crash), waits, then SIGTERMs and SIGKILLs each node's process group; every
 segment with the session's prefix is unlinked on ``close()``, at exit, and
@@ -39,7 +42,7 @@ import weakref
 
 import numpy as np
 
-from ..errors import BlobNotFoundError, NodeFailedError, RunTimeoutError
+from ..errors import BlobNotFoundError, RunTimeoutError
 from ..plan.node_plan import process_options
 from ..plan.validate import feedable
 from ..runtime import shm
@@ -47,12 +50,14 @@ from ..runtime.faults import faults_of_node, shared_book
 from ..task import Cluster
 from . import _protocol as P
 from . import driver
-from ._handle import (CONN, SENTINEL, SHUTDOWN_STEP, START_TIMEOUT,
-                      ControlWords, NodeHandle, NodeState, Poller,
-                      await_ready, join_all, read_goodbyes, wait_events)
+from ._handle import (SHUTDOWN_STEP, ControlWords, NodeHandle, NodeState,
+                      Poller, await_ready, join_all, read_goodbyes,
+                      wait_events)
 from ._logpump import LogPump
-from ._plumbing import check_arguments, check_cpus
+from ._nodelogs import NodeLogs, std_stream
+from ._plumbing import MASTER_ENDS, check_arguments, check_cpus
 from ._prepare import Prepared, QueueChannels, run_message
+from ._processio import OUTPUT_WAIT, ProcessRunIO
 from ._shmread import SegmentReader
 from .base import Session
 
@@ -64,8 +69,6 @@ log = logging.getLogger(__name__)
 CANCEL_GRACE = 1.0
 #: seconds a fetch/feed/blobs request may take
 REQUEST_TIMEOUT = 30.0
-#: seconds a reply waits for the node's output written before it
-OUTPUT_WAIT = 2.0
 
 _live = weakref.WeakSet()
 
@@ -77,13 +80,19 @@ class LocalHostScheduler(Session):
     ``'spawn'``; ``timeout`` is the default of ``run(timeout=)``;
     ``nodes`` (a `Cluster` or a list of node names) starts those nodes now
     instead of on first use; ``faults``: a `FaultPlan`; ``conditions``:
-    `Link` and `Slowdown` conditions of every run.
+    `Link` and `Slowdown` conditions of every run; ``log_dir``: append
+    each node's output to ``<log_dir>/<node>.log``; ``log_echo``: which
+    nodes' output the master shows as ``[node] line`` (True: all, False:
+    none, a pattern or list of fnmatch patterns).  Each node process is
+    titled ``localcluster: <node> (<master pid>)``.
     """
 
     def __init__(self, start_method="fork", timeout=None, nodes=None,
-                 faults=None, schedule=None, conditions=None):
+                 faults=None, schedule=None, conditions=None, log_dir=None,
+                 log_echo=True):
         check_arguments(start_method, timeout, schedule)
-        super().__init__(faults=faults, conditions=conditions)
+        super().__init__(faults=faults, conditions=conditions,
+                         log_dir=log_dir, log_echo=log_echo)
         self._ctx = multiprocessing.get_context(start_method)
         self._start_method = start_method
         self._default_timeout = timeout
@@ -103,6 +112,8 @@ class LocalHostScheduler(Session):
         if self.faults is not None:
             self._fault_book, self._fault_times = shared_book(
                 self._prefix, len(self.faults))
+        self._logs = NodeLogs(self.log_options, std_stream,
+                              fork_ends=MASTER_ENDS)
         self._pump = LogPump()
         _live.add(self)
         log.debug("LocalHostScheduler %s started (%s)", self._prefix,
@@ -127,7 +138,8 @@ class LocalHostScheduler(Session):
         self._ensure(self._nodes_wanted(nodes))
 
     def node_pids(self):
-        """``{node: pid}`` of the running node processes."""
+        """``{node: pid}`` of the running node processes (a node that died
+        and has not restarted yet is left out)."""
         return {n: h.pid for n, h in self._nodes.items() if h.alive()}
 
     def _ensure(self, wanted):
@@ -160,8 +172,9 @@ class LocalHostScheduler(Session):
         faults = None
         if self.faults is not None:
             faults = (self._fault_book, faults_of_node(self.faults, name))
+        sink = self._logs.get(name)   # a log that cannot open: nothing ran
         handle = NodeHandle.spawn(self._ctx, name, prefix, kwargs,
-                                  self._pump, self._controls, faults)
+                                  self._pump, self._controls, faults, sink)
         self._nodes[name] = handle
         self._poller.add(handle)
         return handle
@@ -195,7 +208,7 @@ class LocalHostScheduler(Session):
         channels = self._queues.for_run(shared, plans, prepared)
         state = driver.start([h.name for h in handles], rid,
                              time.monotonic(), timeout)
-        io = _ProcessRunIO(self, state, handles)
+        io = ProcessRunIO(self, state, handles)
         options = {"trace": self.trace_steps}
         if self.current_epoch is not None:
             options["epoch"] = self.current_epoch
@@ -330,6 +343,7 @@ class LocalHostScheduler(Session):
             self._sync_faults()
             self._fault_times = None
             self._pump.stop()
+            self._logs.close()
             shm.sweep(self._prefix)
             _live.discard(self)
             log.debug("LocalHostScheduler %s closed", self._prefix)
@@ -365,117 +379,6 @@ class LocalHostScheduler(Session):
                 self.close()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
-
-
-class _ProcessRunIO(driver.RunIO):
-    """The driver's I/O for node processes: the scheduler's poll set,
-    control words and signals."""
-
-    def __init__(self, scheduler, state, handles):
-        self.s = scheduler
-        self.state = state
-        self.by_name = {h.name: h for h in handles}
-
-    now = staticmethod(time.monotonic)
-
-    def wait(self, timeout):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        events = []
-        for handle, kind in self.s._poller.wait(deadline):
-            if not handle.alive():
-                continue  # its pipe and sentinel both fired: seen once
-            if self.by_name.get(handle.name) is not handle:
-                self._idle_event(handle, kind)
-                continue
-            event = self._event(handle, kind)
-            if event is not None:
-                events.append(event)
-        return events
-
-    def _event(self, handle, kind):
-        if kind == SENTINEL:
-            return self._died(handle, "running")
-        try:
-            msg = P.recv(handle.conn)
-        except (EOFError, OSError):
-            return self._died(handle, "running")
-        if msg[1] != self.state.rid:
-            return None  # a late reply to an earlier, abandoned request
-        handle.state = NodeState.IDLE
-        handle.log.wait_for(msg[-1], OUTPUT_WAIT)
-        if msg[0] == P.OK:
-            self.s._node_done(handle.name)
-            if msg[2].get("trace") is not None:
-                self.s.last_run_trace[handle.name] = msg[2]["trace"]
-            # Copied now: the node may die before the run ends, and its
-            # outbox goes with it.
-            return (driver.DONE, handle.name,
-                    self.s._reader.outputs(handle.name, msg[2]["outputs"]))
-        info = msg[2]
-        if info["kind"] == P.MEMORY:
-            return (driver.FAILED, handle.name, self._memory_error(handle,
-                                                                   info))
-        if info["kind"] == P.PLAN:
-            handle.plans.clear()  # the node kept none of what failed to load
-        return (driver.FAILED, handle.name,
-                P.rebuild_error(handle.name, info))
-
-    def _died(self, handle, during):
-        error = self.s._death(handle, during)
-        if handle.name not in self.state.pending:
-            log.warning("%s", error)  # after its reply: the next run says
-        return (driver.DIED, handle.name, error)
-
-    def _memory_error(self, handle, info):
-        handle.reap(wait=START_TIMEOUT)
-        self.s._forget(handle)
-        limit = handle.kwargs.get("memory_limit")
-        error = NodeFailedError(
-            f"node {handle.name!r} exceeded its memory_limit of {limit} "
-            f"bytes ({info['type']}: {info['message']}); it was stopped "
-            "and restarts with an empty workspace on the next run",
-            node=handle.name, exitcode=handle.exitcode)
-        error.__cause__ = P.RemoteTraceback(info["traceback"])
-        return error
-
-    def _idle_event(self, handle, kind):
-        """A node outside the run spoke (a late reply) or died."""
-        if not handle.alive():
-            return
-        if kind == CONN:
-            try:
-                P.recv(handle.conn)  # a reply to an abandoned request
-                return
-            except (EOFError, OSError):
-                pass
-        # Nobody waits on this node now: the next run that includes it
-        # reports the death (instead of quietly restarting it empty).
-        error = self.s._death(handle, "idle")
-        self.s._unreported[handle.name] = error
-        log.warning("%s", error)
-
-    def cancel(self, nodes, rid):
-        for name in nodes:
-            handle = self.by_name[name]
-            # one aligned 8-byte store (struct.pack_into would zero the word
-            # first, and the node could read 0 in between)
-            handle.control_word[0] = rid
-            try:
-                os.kill(handle.pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass  # its death shows on the sentinel
-
-    def kill(self, nodes):
-        for name in nodes:
-            self.s._kill(self.by_name[name])
-
-    def timeout_error(self, timeout, late, killed):
-        what = (f"; hung node(s) {killed} were killed and restart with an "
-                "empty workspace on the next run" if killed else
-                "; the late nodes stopped when cancelled")
-        return RunTimeoutError(
-            f"run did not finish within {timeout} s (still running: "
-            f"{late}){what}", nodes=late, killed=killed)
 
 
 @atexit.register

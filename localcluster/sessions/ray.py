@@ -41,6 +41,7 @@ import collections
 import functools
 import itertools
 import logging
+import os
 import time
 
 import numpy as np
@@ -51,19 +52,18 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError(
         "RaySession needs Ray: pip install 'localcluster[ray]'") from exc
 
-from ..errors import (BlobNotFoundError, NodeFailedError, PlanError,
-                      RunTimeoutError)
+from ..errors import BlobNotFoundError, NodeFailedError
 from ..plan.faults import EXIT_STATUS
 from ..plan.node_plan import process_options
 from ..plan.validate import feedable
 from ..runtime.faults import faults_of_node
-from . import _protocol as P
 from . import driver
 from ._prepare import Prepared, must_send
 from ._rayactors import BookActor, NodeActor
 from ._raychannel import ChannelActor
 from ._rayoptions import (actor_options, check_placeable, connect,
-                          dumps_by_value, options_key, unimportable)
+                          dumps_by_value, options_key)
+from ._rayio import RayRunIO
 from ._raypool import ActorPool
 from .base import Session
 
@@ -75,9 +75,6 @@ log = logging.getLogger(__name__)
 CANCEL_GRACE = 1.0
 #: seconds a fetch/feed/blobs request may take
 REQUEST_TIMEOUT = 60.0
-#: seconds the driver waits for all of a run's nodes at once before it
-#: waits for the first (a failure is seen this much later at most)
-GATHER = 0.005
 #: seconds a node's actor may take to start (placement included)
 START_TIMEOUT = 120.0
 
@@ -101,8 +98,11 @@ class RaySession(Session):
     the Ray this process already initialised); ``namespace``: Ray's;
     ``pool``: an `ActorPool` to take warm actors from and give them back
     to at `close()` (None: actors are started here and killed at
-    `close()`); ``faults``, ``conditions``: as every session's; further
-    keyword arguments go to ``ray.init``."""
+    `close()`); ``faults``, ``conditions``, ``log_dir``, ``log_echo``: as
+    every session's (each actor writes its node's log itself, so
+    ``log_dir`` must be a path the actors can write: on one machine it
+    is); further keyword arguments go to ``ray.init``.  Each actor's
+    process is titled ``localcluster: <node> (<driver pid>)``."""
 
     #: what a checkpoint error adds: each actor writes its own files
     CHECKPOINT_REACH = (
@@ -111,8 +111,14 @@ class RaySession(Session):
         "reach at the same absolute path (a shared filesystem)")
 
     def __init__(self, address=None, namespace=None, faults=None, pool=None,
-                 conditions=None, **ray_init_kwargs):
-        super().__init__(faults=faults, conditions=conditions)
+                 conditions=None, log_dir=None, log_echo=True,
+                 **ray_init_kwargs):
+        super().__init__(faults=faults, conditions=conditions,
+                         log_dir=log_dir, log_echo=log_echo)
+        #: what every node actor is started (or reset) with after its
+        #: faults and book: (log options or None, this driver's pid)
+        self._actor_args = (self.log_options.as_tuple() if
+                            self.log_options.active else None, os.getpid())
         self._pool = pool
         self._owns_ray = connect(address, namespace, **ray_init_kwargs)
         self._actor_class = ray.remote(max_concurrency=2,
@@ -161,7 +167,8 @@ class RaySession(Session):
         self._ensure(self._nodes_wanted(nodes))
 
     def node_pids(self):
-        """``{node: pid}`` of each node's actor process."""
+        """``{node: pid}`` of each started node's actor process (on the
+        machine Ray placed it on)."""
         return {name: node.pid for name, node in self._nodes.items()}
 
     def node_stats(self):
@@ -242,7 +249,8 @@ class RaySession(Session):
             if taken is None:
                 break
             actor = taken[0]
-            ref = actor.reset.remote(name, faults, self._book)
+            ref = actor.reset.remote(name, faults, self._book,
+                                     *self._actor_args)
             ready, _ = ray.wait([ref], timeout=REQUEST_TIMEOUT)
             try:
                 ray.get(ready or ref, timeout=0)
@@ -252,7 +260,7 @@ class RaySession(Session):
                 continue
             return _Node(name, actor, kwargs), ref
         actor = self._actor_class.options(**actor_options(kwargs)).remote(
-            name, faults, self._book)
+            name, faults, self._book, *self._actor_args)
         return _Node(name, actor, kwargs), actor.pid.remote()
 
     def _died(self, name, exc):
@@ -301,7 +309,8 @@ class RaySession(Session):
         for: an actor's two threads may run a later session's reset
         first."""
         nodes = list(self._nodes.values())
-        refs = [n.actor.reset.remote(f"idle ({n.name})") for n in nodes]
+        refs = [n.actor.reset.remote(f"idle ({n.name})", None, None, None,
+                                     os.getpid()) for n in nodes]
         for node, ref in zip(nodes, refs):
             try:
                 ray.get(ref, timeout=REQUEST_TIMEOUT)
@@ -342,7 +351,7 @@ class RaySession(Session):
                        (self.run_conditions or {}).get(plan.node))
             ref = node.actor.run.remote(request)
             refs[ref] = plan.node
-        io = _RayRunIO(self, refs)
+        io = RayRunIO(self, refs)
         state = driver.start(list(refs.values()), rid, time.monotonic(),
                              timeout)
         return driver.drive(state, io, CANCEL_GRACE, timeout)
@@ -409,75 +418,6 @@ class RaySession(Session):
     def has_blob(self, name, node="local"):
         self._check_open()
         return bool(self._call(node, "has", str(name)))
-
-
-class _RayRunIO(driver.RunIO):
-    """The driver's I/O over the run's Ray object refs."""
-
-    def __init__(self, session, refs):
-        self.session = session
-        self.refs = dict(refs)       # object ref -> node
-
-    now = staticmethod(time.monotonic)
-
-    def wait(self, timeout):
-        """The events of the nodes that finish within ``timeout``: a run's
-        nodes mostly finish together, so first up to GATHER seconds for
-        all of them (one call), then for the first of them."""
-        refs = list(self.refs)
-        if not refs:
-            return []
-        gather = GATHER if timeout is None else min(timeout, GATHER)
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=gather)
-        if not ready:
-            rest = None if timeout is None else timeout - gather
-            if rest is not None and rest <= 0:
-                return []
-            ready, _ = ray.wait(refs, num_returns=1, timeout=rest)
-            if not ready:
-                return []
-            if len(refs) > 1:
-                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        try:   # the replies of the ready nodes in one call
-            replies = ray.get(ready)
-        except ray.exceptions.RayActorError:
-            replies = [None] * len(ready)   # one by one: who died
-        return [self._event(ref, reply) for ref, reply in zip(ready, replies)]
-
-    def _event(self, ref, reply=None):
-        node = self.refs.pop(ref)
-        try:
-            reply = reply if reply is not None else ray.get(ref)
-        except ray.exceptions.RayActorError as exc:
-            return (driver.DIED, node, self.session._died(node, exc))
-        if reply[0] == "error":
-            error = P.rebuild_error(node, reply[1])
-            if isinstance(error, PlanError):
-                error = unimportable(error, self.session._by_reference)
-            return (driver.FAILED, node, error)
-        _, outputs, trace = reply
-        self.session._node_done(node)
-        if trace is not None:
-            self.session.last_run_trace[node] = trace
-        return (driver.DONE, node, outputs)
-
-    def cancel(self, nodes, rid):
-        for name in nodes:
-            node = self.session._nodes.get(name)
-            if node is not None:
-                node.actor.cancel.remote(rid)
-
-    def kill(self, nodes):
-        for name in nodes:
-            node = self.session._nodes.get(name)
-            if node is not None:
-                ray.kill(node.actor, no_restart=True)
-
-    def timeout_error(self, timeout, late, killed):
-        return RunTimeoutError(
-            f"run did not finish within {timeout} s (still running: {late})"
-            + (f"; {killed} did not stop when cancelled and were killed"
-               if killed else ""), nodes=late, killed=killed)
 
 
 def _kill(actor):
