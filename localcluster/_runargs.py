@@ -192,6 +192,11 @@ def parser():
                    help="write a Chrome trace (chrome://tracing, Perfetto) "
                         "to the regular file FILE, also for a run that "
                         "fails or is interrupted")
+    p.add_argument("--report", metavar="FILE",
+                   help="when the run ends (however it ends), write its "
+                        "report -- one self-contained HTML page with the "
+                        "metrics, throughput and each node's CPU and memory "
+                        "per epoch -- to FILE")
     p.add_argument("--json", action="store_true",
                    help="print one JSON summary on stdout (the progress "
                         "lines go to stderr)")

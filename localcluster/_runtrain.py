@@ -68,10 +68,31 @@ class Run:
 
     def train(self):
         try:
-            return self._run()
+            code, summary = self._run()
+            if self.args.report is not None and not self._write_report():
+                if code == 0:
+                    summary.update(status="error",
+                                   error="the report was not written")
+                    code = 1
+            return code, summary
         finally:
             if self.master_log is not None:
                 self.master_log.close()
+
+    def _write_report(self):
+        """``--report FILE``: the run's page, from its metrics.jsonl."""
+        from .report import write_report
+        try:
+            path = write_report(self.directory, self.args.report)
+        except (OSError, ValueError) as exc:
+            self._err(f"error: --report {self.args.report}: the report was "
+                      f"not written ({exc})")
+            return False
+        line = f"  report: {path} (open it in a browser)"
+        self.out.write(line + "\n")
+        if self.master_log is not None:
+            self.master_log.write(line)
+        return True
 
     def _run(self):
         args, metrics = self.args, self.options.get("metrics") or {}
@@ -195,6 +216,13 @@ class Run:
             progress.line(f"  master pid {os.getpid()}; each node process is "
                           f"titled 'localcluster: <node> ({os.getpid()})' "
                           "(ps, top)")
+        if args.log_dir is not None:
+            shown = ("every node's output" if args.tee and not args.log_nodes
+                     else "no node output" if not args.log_nodes else
+                     "the output of " + ", ".join(args.log_nodes))
+            progress.line(f"  logs: {os.path.join(args.log_dir, '<node>.log')}"
+                          f" and {self.master_log.path} (the terminal shows "
+                          f"{shown})")
         if args.cpus:
             progress.line("  cpus: " + "; ".join(
                 f"{pattern}={','.join(map(str, cpus))}"
