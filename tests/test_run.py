@@ -28,7 +28,11 @@ def leftovers(pid):
     for proc in psutil.process_iter(["ppid", "cmdline"]):
         try:
             cmdline = " ".join(proc.info["cmdline"] or [])
-            if "localcluster.run" in cmdline and proc.pid != os.getpid() \
+            # a node process is titled "localcluster: <node> (<master>)"
+            ours = "localcluster.run" in cmdline or (
+                cmdline.startswith("localcluster: ") and
+                cmdline.rstrip().endswith(f"({pid})"))
+            if ours and proc.pid != os.getpid() \
                     and proc.info["ppid"] in (1, pid):
                 orphans.append(proc.pid)
         except psutil.Error:

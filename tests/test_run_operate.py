@@ -299,3 +299,98 @@ def test_a_checkpoint_dir_keeps_every_epoch_unless_keep_last(tmp_path):
                           "--checkpoint-dir", str(last))
     assert summary["resumed_from"] == 3 and summary["last_epoch"] == 5
     assert checkpointed_epochs(last) == [5]
+
+
+# -- node logs and the report from the command line ----------------------------------
+
+PRINTING_JOB = textwrap.dedent("""
+    import functools
+    import numpy as np
+    from localcluster import Job, Node, Task, epoch_limiter, ops
+
+    def say(node, x):
+        print(f"{node} says {int(x[0])}", flush=True)
+        return x + 1
+
+    def saying(node):
+        return functools.partial(say, node)
+
+    def build(epochs=2):
+        with Job() as job:
+            for name in ("alpha", "beta"):
+                with Node(name):
+                    with job.init_group, Task():
+                        ops.Const(np.zeros(1), name=f"{name}_n")
+                    with Task():
+                        ops.Python(saying(name))([f"{name}_n"], [f"{name}_n"])
+            epoch_limiter(job, epochs)
+        return job
+""")
+
+
+def printing_run(tmp_path, *options):
+    job = tmp_path / "printing.py"
+    job.write_text(PRINTING_JOB)
+    return run("--job", f"{job}:build", "--epochs", "2", "--checkpoint-dir",
+               str(tmp_path / "c"), *options)
+
+
+def node_lines(path):
+    return [line for line in path.read_text().splitlines()
+            if not line.startswith("--- ")]
+
+
+def test_log_dir_writes_each_nodes_lines_to_its_file(tmp_path):
+    logs = tmp_path / "logs"
+    done = printing_run(tmp_path, "--log-dir", str(logs))
+    assert done.returncode == 0, done.stderr
+    assert node_lines(logs / "alpha.log") == ["alpha says 0", "alpha says 1"]
+    assert node_lines(logs / "beta.log") == ["beta says 0", "beta says 1"]
+    headers = [line for line in (logs / "alpha.log").read_text().splitlines()
+               if line.startswith("--- alpha started: pid ")]
+    assert len(headers) == 1
+    # the terminal keeps the progress, not the node output
+    assert "says" not in done.stdout + done.stderr
+    assert "epoch 2/2" in done.stdout
+    master = (logs / "master.log").read_text()
+    assert "epoch 1/2" in master and "done: epoch 2" in master
+
+
+def test_tee_and_log_nodes_choose_what_the_terminal_shows(tmp_path):
+    done = printing_run(tmp_path, "--log-dir", str(tmp_path / "l1"), "--tee")
+    assert done.returncode == 0, done.stderr
+    assert "[alpha] alpha says 1" in done.stdout
+    assert "[beta] beta says 1" in done.stdout
+    done = printing_run(tmp_path, "--log-dir", str(tmp_path / "l2"),
+                        "--log-nodes", "b*", "--overwrite")
+    assert done.returncode == 0, done.stderr
+    assert "[beta] beta says 1" in done.stdout and "alpha says" not in \
+        done.stdout
+    assert node_lines(tmp_path / "l2" / "alpha.log") == \
+        ["alpha says 0", "alpha says 1"]
+    # without --log-dir, --log-nodes narrows the terminal alone
+    done = printing_run(tmp_path, "--log-nodes", "alpha", "--overwrite")
+    assert "[alpha] alpha says 0" in done.stdout and "beta says" not in \
+        done.stdout
+
+
+@pytest.mark.parametrize("options, says", [
+    (["--tee"], "--tee keeps the terminal copy of --log-dir's files"),
+    (["--log-nodes", "gamma*"], "--log-nodes 'gamma*' matches no node"),
+])
+def test_bad_log_options_are_one_line_usage_errors(tmp_path, options, says):
+    done = printing_run(tmp_path, *options)
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert says in line
+
+
+def test_report_writes_the_runs_page_also_when_it_fails(tmp_path):
+    page = tmp_path / "report.html"
+    done = run("--epochs", "3", "--faults", "kill trainer_1 at epoch 2",
+               "--checkpoint-dir", str(tmp_path / "c"), "--report", str(page))
+    assert done.returncode == 1
+    text = page.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "<svg" in text
+    assert "trainer_1" in text  # the error, named
+    assert f"report: {page}" in done.stdout
