@@ -81,7 +81,7 @@ class Session:
         #: counted from the start of the run
         self.last_run_seconds = {}
         self._run_started = time.monotonic()
-        self._run_nodes = ()   # the nodes of the run in progress
+        self._nodes_of_run = ()   # the nodes of the run in progress
         #: set True to record step spans: ``last_run_trace`` then holds
         #: ``{node: [(step, task, thread, start, end), ...]}`` of the last
         #: run (times in `time.time` seconds)
@@ -187,7 +187,7 @@ class Session:
                                                      self.current_epoch)
             self._conds.fired(self.faults, self._fault_seen)
             self._run_started = time.monotonic()
-            self._run_nodes = tuple(p.node for p in plans)
+            self._nodes_of_run = tuple(p.node for p in plans)
             try:
                 results = self._run_plans(plans, timeout)
             except RunTimeoutError as exc:
@@ -197,7 +197,7 @@ class Session:
                 raise RunTimeoutError(str(exc) + note, nodes=exc.nodes,
                                       killed=exc.killed) from None
             finally:
-                self._run_nodes = ()
+                self._nodes_of_run = ()
                 self.run_conditions = None
                 self._sync_faults()
         for node, output in outputs:
@@ -229,7 +229,7 @@ class Session:
         """The nodes of the run in progress that have not finished yet,
         in plan order (``[]`` between runs).  Safe to call from any thread
         while another runs: what a progress display shows as busy."""
-        nodes, done = self._run_nodes, self.last_run_seconds
+        nodes, done = self._nodes_of_run, self.last_run_seconds
         return [n for n in nodes if n not in done]
 
     def _node_done(self, node):
