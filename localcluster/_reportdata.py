@@ -1,8 +1,10 @@
 """What the report of a run shows, computed from a ``metrics.jsonl``'s
 records (`localcluster._runmetrics` describes them): the runs and how
 each ended, every epoch on one epoch axis, the per-node process series on
-one time axis, and the min/median/max bands that stand in for the nodes
-when there are too many to draw one line each.
+one time axis, the metric charts (`metric_charts`: one per metric, one
+per family of numbered metrics), and the min/median/max bands that stand
+in for the nodes or a family's members when there are too many to draw
+one line each.
 
 It is the report's only reader of the records, and it trusts nothing in
 them: a missing or null field, a number that is a string, a line of a run
@@ -11,14 +13,21 @@ whose ``run`` line was lost -- each is shown as absent, never an error.
 """
 
 import math
+import re
 
-__all__ = ["Run", "Report", "num", "build", "KILLED", "MAX_NODE_LINES"]
+__all__ = ["Run", "Report", "num", "build", "metric_charts", "KILLED",
+           "MAX_NODE_LINES"]
 
 #: the status of a run that has a ``run`` line and no ``end`` line
 KILLED = "did not end (killed?)"
 #: with more process series than this, the CPU and memory charts show
 #: min/median/max bands, the median, and the slowest node
 MAX_NODE_LINES = 12
+#: a metric of a numbered family, one per node: ``train_loss_7``.  Any
+#: digits count, ``worker_07`` too: zero-padded node numbers are common,
+#: and the terminal's epoch line (`localcluster._runepochs`) groups the
+#: same names.
+NUMBERED = re.compile(r"^(?P<stem>.+)_(?P<n>[0-9]+)$")
 
 
 #: beyond this magnitude a number counts as absent: no axis spans it
@@ -191,16 +200,71 @@ class Report:
         for run in self.runs:
             for record in run.epochs:
                 x = num(record.get("elapsed"))
-                values = sorted(
-                    (v, name) for name, stats in
-                    _dict(record.get("processes")).items()
-                    if (v := num(_dict(stats).get(field))) is not None)
-                if x is None or not values:
-                    continue
-                ys = [v for v, _ in values]
-                out.append((run.offset + x, ys[0], _median(ys), ys[-1],
-                            values[0][1], values[-1][1]))
+                spread = _spread(
+                    (name, _dict(stats).get(field)) for name, stats in
+                    _dict(record.get("processes")).items())
+                if x is not None and spread is not None:
+                    out.append((run.offset + x,) + spread)
         return out
+
+    def metric_bands(self, members):
+        """``[(run, [(epoch, low, median, high, low_name, high_name)])]``
+        per segment: the spread of the metrics ``members`` after each
+        epoch, for a family of numbered metrics too big for a line
+        each."""
+        out = []
+        for run, records in self.segments:
+            points = []
+            for record in records:
+                x = num(record.get("epoch"))
+                metrics = _dict(record.get("metrics"))
+                spread = _spread((name, metrics.get(name))
+                                 for name in members)
+                if x is not None and spread is not None:
+                    points.append((x,) + spread)
+            out.append((run, points))
+        return out
+
+
+def metric_charts(names):
+    """``[(title, members)]``: what the metric charts show, ``loss``
+    first, then in the order of ``names``.  Names ``<stem>_<n>`` (see
+    `NUMBERED`) that share their stem with at least one other share one
+    chart titled ``<stem>_*``, its members in numeric order; any other
+    name (a lone ``x_1`` too) is a chart of its own, titled by it."""
+    names = sorted(names, key=lambda n: n != "loss")
+    families = {}
+    for name in names:
+        found = NUMBERED.match(name) if isinstance(name, str) else None
+        if found:
+            families.setdefault(found["stem"], []).append(name)
+    out, done = [], set()
+    for name in names:
+        found = NUMBERED.match(name) if isinstance(name, str) else None
+        members = families.get(found["stem"], []) if found else []
+        if len(members) < 2:
+            out.append((name, [name]))
+        elif found["stem"] not in done:
+            done.add(found["stem"])
+            out.append((f"{found['stem']}_*", sorted(members, key=_number)))
+    return out
+
+
+def _number(name):
+    """A numbered metric's sort key: its number, then (``x_1`` and
+    ``x_01``) its name."""
+    return int(NUMBERED.match(name)["n"]), name
+
+
+def _spread(named_values):
+    """``(low, median, high, low_name, high_name)`` of ``(name, value)``
+    pairs (values that are not numbers skipped), or None if none is."""
+    values = sorted((v, str(name)) for name, value in named_values
+                    if (v := num(value)) is not None)
+    if not values:
+        return None
+    ys = [v for v, _ in values]
+    return ys[0], _median(ys), ys[-1], values[0][1], values[-1][1]
 
 
 def _run_tip(run, start):

@@ -10,8 +10,8 @@ behind a ``<details>``.  (The page around them: `localcluster.report`.)
 
 import time
 
-from ._reportdata import KILLED, MAX_NODE_LINES, num
-from ._reportsvg import (Band, Series, bar_chart, esc, fmt_value,
+from ._reportdata import KILLED, MAX_NODE_LINES, metric_charts, num
+from ._reportsvg import (MARKER, Band, Series, bar_chart, esc, fmt_value,
                          line_chart, node_color, run_color)
 
 __all__ = ["header", "runs_card", "options_card", "metric_cards",
@@ -23,6 +23,8 @@ __all__ = ["header", "runs_card", "options_card", "metric_cards",
 CLIP = 20000
 #: nodes named in the header before the rest go behind ``<details>``
 HEADER_NODES = 12
+#: the min-max band and the median line that stand in for many lines
+BAND_COLOR, MEDIAN_COLOR = "#4e79a7", "#1f4e79"
 
 
 def when(unix_time):
@@ -203,27 +205,76 @@ def _run_legend(report):
     if len(report.runs) < 2:
         return ""
     items = [(r.label, run_color(r.index), "line") for r in report.runs]
-    if any(r.restarts for r in report.runs):
-        items.append(("restart", "#dc2626", "dash"))
-    items.append(("run start", "#7c3aed", "dash"))
-    return _legend(items)
+    return _legend(items + _marker_legend(report))
+
+
+def _metric(name):
+    """The value of metric ``name`` in an epoch record (None: absent)."""
+    def value(record):
+        metrics = record.get("metrics")
+        return num(metrics.get(name)) if isinstance(metrics, dict) else None
+    return value
+
+
+def _marker_legend(report):
+    kinds = {kind for _, _, kind, _ in report.markers()}
+    return [(label, MARKER[kind], "dash") for kind, label in
+            (("restart", "restart"), ("run", "run start")) if kind in kinds]
 
 
 def metric_cards(report):
-    names = sorted(report.metrics, key=lambda n: (n != "loss",))
+    """A chart per metric, and one per family of numbered metrics
+    (`metric_charts`): a line per member up to `MAX_NODE_LINES`, else
+    their min-max band and median."""
     cards = []
-    for name in names:
-        def value(record, name=name):
-            metrics = record.get("metrics")
-            return num(metrics.get(name)) if isinstance(metrics, dict) \
-                else None
-        series = _run_series(report, name, value, "")
-        chart = line_chart(series, x_label="epoch", y_label=name,
-                           markers=report.markers(),
-                           x_range=report.epoch_range, zero=False)
-        cards.append(_card(name, chart + _run_legend(report),
-                           "the job's metric after each epoch"))
+    for title, members in metric_charts(report.metrics):
+        if len(members) == 1:
+            series = _run_series(report, title, _metric(title), "")
+            chart = line_chart(series, x_label="epoch", y_label=title,
+                               markers=report.markers(),
+                               x_range=report.epoch_range, zero=False)
+            cards.append(_card(title, chart + _run_legend(report),
+                               "the job's metric after each epoch"))
+        else:
+            cards.append(_family_card(report, title, members))
     return "".join(cards)
+
+
+def _family_card(report, title, members):
+    family = title[:-1] + "<n>"          # train_loss_* -> train_loss_<n>
+    if len(members) > MAX_NODE_LINES:
+        segments = [[(x, f"{run.label} \u00b7 epoch {x:g}", *spread)
+                     for x, *spread in points]
+                    for run, points in report.metric_bands(members)]
+        bands, series, legend = _spread_parts(
+            segments, "", f"{len(members)} metrics")
+        note = (f"the spread of the {len(members)} metrics "
+                f"{esc(family)} after each epoch")
+    else:
+        colors = {name: node_color(i) for i, name in enumerate(members)}
+        bands, series = [], [
+            _member_series(report, name, colors[name], i, len(members))
+            for i, name in enumerate(members)]
+        legend = [(name, colors[name], "line") for name in members]
+        note = f"one line per {esc(family)} after each epoch"
+    chart = line_chart(series, bands=bands, x_label="epoch", y_label=title,
+                       markers=report.markers(), x_range=report.epoch_range,
+                       zero=False)
+    legend += _marker_legend(report)
+    return _card(title, chart + _legend(legend), note)
+
+
+def _member_series(report, name, color, index, count):
+    """One member of a family: a line over every run, each point's tip
+    naming the member, the run and the epoch.  Members drawn first are
+    wider, so that lines on top of each other (nodes whose metric is the
+    same) still show each color."""
+    segments = [[(x, y, None if y is None else
+                  f"{name} \u00b7 {run.label} epoch {x:g}\n"
+                  f"{fmt_value(y)}") for x, y, _ in points]
+                for run, points in report.epoch_points(_metric(name))]
+    width = 1.6 + 2.4 * (count - 1 - index) / max(count - 1, 1)
+    return Series(name, color, segments, round(width, 2))
 
 
 def throughput_card(report):
@@ -283,35 +334,46 @@ def _process_card(report, title, field, unit, y_label):
     markers = report.time_markers()
     series_by_name = report.process_series(field)
     colors = {n: node_color(i) for i, n in enumerate(report.processes)}
-    many = len(report.processes) > MAX_NODE_LINES
-    if many:
-        bands = report.bands(field)
-        band = Band("min\u2013max", "#4e79a7",
-                    [(x, lo, hi) for x, lo, _, hi, _, _ in bands])
-        median = [(x, mid, f"{x:.2f} s\nmin {fmt_value(lo, unit)} "
-                   f"({lo_n})\nmedian {fmt_value(mid, unit)}\n"
-                   f"max {fmt_value(hi, unit)} ({hi_n})")
-                  for x, lo, mid, hi, lo_n, hi_n in bands]
-        series = [Series("median", "#1f4e79", [median], 2.0)]
-        legend = [(f"min\u2013max of {len(report.processes)} processes",
-                   "#4e79a7", "band"), ("median", "#1f4e79", "line")]
+    bands = []
+    if len(report.processes) > MAX_NODE_LINES:
+        points = [(x, f"{x:.2f} s", *spread)
+                  for x, *spread in report.bands(field)]
+        bands, series, legend = _spread_parts(
+            [points], unit, f"{len(report.processes)} processes")
         slow = report.slowest
         if slow in series_by_name:
             series.append(_node_series(slow, "#dc2626",
                                        series_by_name[slow], unit))
             legend.append((f"slowest node: {slow}", "#dc2626", "line"))
-        chart = line_chart(series, bands=[band], x_label="seconds of running",
-                           y_label=y_label, unit=unit, markers=markers,
-                           epochs=False)
     else:
         series = [_node_series(n, colors[n], series_by_name[n], unit)
                   for n in report.processes]
         legend = [(n, colors[n], "line") for n in report.processes]
-        chart = line_chart(series, x_label="seconds of running",
-                           y_label=y_label, unit=unit, markers=markers,
-                           epochs=False)
+    chart = line_chart(series, bands=bands, x_label="seconds of running",
+                       y_label=y_label, unit=unit, markers=markers,
+                       epochs=False)
     note = "sampled after each epoch; runs placed end to end"
     return _card(title, chart + _legend(legend), note)
+
+
+def _spread_parts(segments, unit, what):
+    """What stands in for too many lines to draw: ``segments`` (each a
+    list of ``(x, where, low, median, high, low_name, high_name)``) ->
+    ``(bands, series, legend)``: a min-max band per segment, one median
+    line whose tips name the lowest and the highest, and their keys."""
+    bands, medians = [], []
+    for points in segments:
+        if not points:
+            continue
+        bands.append(Band("min\u2013max", BAND_COLOR,
+                          [(x, lo, hi) for x, _, lo, _, hi, _, _ in points]))
+        medians.append([(x, mid, f"{where}\nmin {fmt_value(lo, unit)} "
+                         f"({lo_n})\nmedian {fmt_value(mid, unit)}\n"
+                         f"max {fmt_value(hi, unit)} ({hi_n})")
+                        for x, where, lo, mid, hi, lo_n, hi_n in points])
+    legend = [(f"min\u2013max of {what}", BAND_COLOR, "band"),
+              ("median", MEDIAN_COLOR, "line")]
+    return bands, [Series("median", MEDIAN_COLOR, medians, 2.0)], legend
 
 
 def _node_series(name, color, segments, unit):
@@ -358,7 +420,9 @@ def checkpoints_card(report):
 
 
 def epoch_tables(report):
-    metrics = report.metrics
+    # every metric, a family's members side by side in numeric order
+    metrics = [m for _, members in metric_charts(report.metrics)
+               for m in members]
     head = ["run", "epoch", "of", "elapsed s", "epoch s", "checkpoint s",
             "simulated s", "rec/s", "restarts"] + metrics + \
         ["checkpoint error"]

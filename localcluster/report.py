@@ -7,7 +7,10 @@ reads it back and writes a single self-contained page -- no network, no
 external scripts, fonts or styles -- with the job and each run's status,
 the run's options, charts of the metrics, throughput, epoch and
 checkpoint time, each node's CPU and memory, the restarts, and every
-number in collapsible tables.  The charts are inline SVG drawn in Python
+number in collapsible tables.  Metrics numbered per node
+(``train_loss_0`` ... ``train_loss_31``) share one chart,
+``train_loss_*``: a line each up to 12, else their min-max band and
+median.  The charts are inline SVG drawn in Python
 (`_reportsvg`), so they show without scripts; a few lines of script only
 turn their hover details into tooltips.  A Content-Security-Policy lets
 only that script run.

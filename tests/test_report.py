@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 import _reportrecords as R
 from localcluster import report as rpt
-from localcluster._reportdata import KILLED, build
+from localcluster._reportdata import KILLED, build, metric_charts
 
 EVIL = "<script>alert(1)</script>"
 
@@ -83,6 +83,85 @@ def test_every_metric_gets_a_chart_and_the_epoch_table_every_number():
     loss3 = R.epoch_line("x", 3, 4, 0, [], 0)["metrics"]["loss"]
     assert f"{loss3:.4g}"[:5] in table      # the loss of epoch 3
     assert "16 process samples" in page
+
+
+def _card(page, title):
+    """The card titled ``title``: its note, chart and legend."""
+    start = page.index(f"<h2>{title}</h2>")
+    return page[start:page.index("</section>", start)]
+
+
+def _metric_labels(page):
+    labels = re.findall(r'aria-label="([^"]*)"', page)
+    return labels[:labels.index("records / s")]
+
+
+@pytest.mark.parametrize("count", [2, 12])
+def test_a_family_of_numbered_metrics_shares_one_chart_a_line_each(count):
+    records = R.with_family(R.one_run(epochs=3), count)
+    page = rpt.render(records)
+    assert _metric_labels(page) == ["loss", "train_loss_*"]
+    card = _card(page, "train_loss_*")
+    members = [f"train_loss_{i}" for i in range(count)]
+    lines = re.findall(r'data-series="([^"]*)" points="[^"]*" fill="none" '
+                       r'stroke="(#\w+)"', card)
+    assert [name for name, _ in lines] == members      # in numeric order
+    assert len({color for _, color in lines}) == count
+    keys = re.findall(r'class="key line" style="--c:(#\w+)"><i></i>([^<]*)',
+                      card)
+    assert keys == [(color, name) for name, color in lines]
+    assert "<title>train_loss_1 \u00b7 run 1 epoch 2\n" in card
+    assert 'class="band"' not in card
+
+
+def test_more_than_12_members_are_a_band_and_a_median_naming_the_extremes():
+    records = R.with_family(R.one_run(epochs=3), 32)
+    page = rpt.render(records)
+    assert _metric_labels(page) == ["loss", "train_loss_*"]
+    card = _card(page, "train_loss_*")
+    assert card.count('class="band"') == 1
+    assert _points(card) == _points(card, "median") == 3   # no member line
+    assert "the 32 metrics train_loss_&lt;n&gt;" in card
+    assert "min\u2013max of 32 metrics" in card
+    tips = re.findall(r"<title>(run 1 \u00b7 epoch 2\n[^<]*)</title>", card)
+    assert len(tips) == 1
+    assert "(train_loss_0)" in tips[0] and "(train_loss_31)" in tips[0]
+
+
+def test_a_family_across_runs_and_a_restart_has_a_band_per_segment():
+    page = rpt.render(R.with_family(R.resumed_history(), 32))
+    card = _card(page, "train_loss_*")
+    assert card.count('class="band"') == 3     # run 1, run 2 around its restart
+    assert _points(card, "median") == 7        # every epoch record, once
+    assert ">restart</span>" in card and ">run start</span>" in card
+
+
+def test_the_epoch_table_keeps_every_member_in_numeric_order():
+    records = R.with_family(R.one_run(epochs=3), 32)
+    for record in records[1:4]:         # the job's order: loss last
+        record["metrics"] = dict(reversed(record["metrics"].items()))
+    page = rpt.render(records)
+    table = page[page.index("3 epoch records"):]
+    head = re.findall(r"<th>([^<]*)</th>", table)
+    metrics = head[head.index("restarts") + 1:head.index("checkpoint error")]
+    assert metrics == ["loss"] + [f"train_loss_{i}" for i in range(32)]
+    last = records[2]["metrics"]["train_loss_31"]       # epoch 2
+    assert f"{last:.4g}"[:5] in table
+
+
+def test_which_names_make_a_family():
+    # a lone x_1 is a chart of its own; digits with leading zeros count
+    # (zero-padded node numbers: worker_01); a stem needs a character and
+    # the number must end the name
+    names = ["acc", "x_1", "w_10", "loss", "w_02", "w_01", "_3", "_4",
+             "z_1a", "z_2a", "top_1"]
+    assert metric_charts(names) == [
+        ("loss", ["loss"]), ("acc", ["acc"]), ("x_1", ["x_1"]),
+        ("w_*", ["w_01", "w_02", "w_10"]), ("_3", ["_3"]), ("_4", ["_4"]),
+        ("z_1a", ["z_1a"]), ("z_2a", ["z_2a"]), ("top_1", ["top_1"])]
+    # x_1 and x_01 are one family; x_2 sorts before x_10
+    assert metric_charts(["x_10", "x_2", "x_01", "x_1"]) == \
+        [("x_*", ["x_01", "x_1", "x_2", "x_10"])]
 
 
 def test_the_job_options_come_from_the_run_file_when_no_run_line_has_them(

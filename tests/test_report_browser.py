@@ -27,12 +27,22 @@ GEOMETRY = """Array.from(document.querySelectorAll('svg.chart')).map(svg => {
     const b = r.getBBox(); return b.width * b.height;});
   return {label: svg.getAttribute('aria-label'), width: box.width,
           height: box.height, lines: lines, bars: bars,
+          bands: svg.querySelectorAll('polygon.band').length,
           dots: svg.querySelectorAll('circle').length};
 })"""
 
 TOOLTIP = """(() => {
   const dot = document.querySelector('svg.chart circle');
   dot.dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));
+  const tip = document.querySelector('.tip');
+  return {shown: getComputedStyle(tip).display, text: tip.textContent};
+})()"""
+
+
+FAMILY_TIP = """(() => {
+  const svg = document.querySelector('svg.chart[aria-label="train_loss_*"]');
+  svg.querySelector('circle').dispatchEvent(
+    new MouseEvent('mouseover', {bubbles: true}));
   const tip = document.querySelector('.tip');
   return {shown: getComputedStyle(tip).display, text: tip.textContent};
 })()"""
@@ -79,7 +89,8 @@ def test_injected_markup_never_runs_and_many_nodes_render(browser,
                                                           tmp_path):
     nodes = ["<script>alert(1)</script>",
              '<img src=x onerror="alert(2)">'] + [f"n{i}" for i in range(254)]
-    records = R.one_run(nodes=nodes, epochs=3, end="error")
+    records = R.with_family(R.one_run(nodes=nodes, epochs=3, end="error"),
+                            254)
     records[-1]["error"] = '<script>alert(3)</script>' * 1000
     page = _open(browser, tmp_path, records)
     assert browser.problems == []
@@ -87,9 +98,19 @@ def test_injected_markup_never_runs_and_many_nodes_render(browser,
                 if e.get("method") == "Page.javascriptDialogOpening"]
     assert page.evaluate("document.querySelectorAll('script').length") == 1
     assert page.evaluate("document.querySelectorAll('img').length") == 0
-    cpu = next(c for c in page.evaluate(GEOMETRY) if c["label"] == "CPU")
+    charts = {c["label"]: c for c in page.evaluate(GEOMETRY)}
+    # 254 train_loss_<i> share one chart: a band and its median
+    assert list(charts) == ["loss", "train_loss_*", "records / s",
+                            "seconds", "CPU", "resident memory"]
+    cpu, family = charts["CPU"], charts["train_loss_*"]
     assert cpu["height"] > 100
     assert {li["series"] for li in cpu["lines"]} == {"median", "n253"}
+    assert [li["series"] for li in family["lines"]] == ["median"]
+    assert family["lines"][0]["points"] == 3
+    assert family["lines"][0]["height"] > 10 and family["bands"] == 1
+    tip = page.evaluate(FAMILY_TIP)
+    assert tip["shown"] == "block"
+    assert "(train_loss_0)" in tip["text"] and "(train_loss_253)" in tip["text"]
 
 
 def test_a_screenshot_is_a_png_of_the_viewport(browser, tmp_path):
