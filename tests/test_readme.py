@@ -79,7 +79,7 @@ def shown_as(line, directory):
     lines with timings and losses -- the part before them."""
     line = line.replace("/tmp/ckpt", directory)
     if line.startswith("epoch "):
-        return " ".join(line.split()[:2]) + " "   # "epoch 3/5 "
+        return line[:line.index("/") + 1]   # "epoch  7/": the epoch shown
     if line.startswith("done: "):
         return line[:line.index(" in ")]
     return line
@@ -101,7 +101,8 @@ def test_the_resume_transcript_is_what_the_command_line_prints(tmp_path):
             while interrupt_after is not None:
                 line = proc.stdout.readline()
                 lines.append(line)
-                if not line or line.startswith(interrupt_after[:9]):
+                if not line or line.startswith(
+                        shown_as(interrupt_after, directory)):
                     proc.send_signal(signal.SIGINT)
                     break
             out, err = proc.communicate(timeout=90)
