@@ -152,7 +152,7 @@ class Run:
         try:
             removed = prune(self.directory, self.keep_last,
                             nodes=self.job.nodes_to_checkpoint())
-        except OSError as exc:
+        except (OSError, LocalClusterError) as exc:
             log.warning("--keep-last: %s could not be pruned (%s); the run "
                         "goes on", self.directory, exc)
             return
