@@ -39,7 +39,8 @@ import stat
 import struct
 import zipfile
 
-from ._rundir import LOCK_FILE, RUN_FILE, is_run_file, saved_options
+from ._rundir import (LOCK_FILE, RUN_FILE, is_run_file, read_pid,
+                      saved_options)
 from ._runmetrics import METRICS_FILE, read_metrics
 from .checkpoint import MultiNodeCheckpointManager
 from .checkpoint_file import (FORMAT, MANIFEST, read_manifest,
@@ -76,20 +77,13 @@ def in_use(directory):
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return True, _pid_in(fd)
+                return True, read_pid(fd)
             return False, None  # a filesystem without flock: no run either
         fcntl.flock(fd, fcntl.LOCK_UN)
         return False, None
     finally:
         os.close(fd)
 
-
-def _pid_in(fd):
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
 
 
 def last_run_status(directory):

@@ -10,7 +10,7 @@ from ._runcpus import parse_cpus
 from .plan.conditions import parse_link, parse_seconds, parse_slowdown
 from .plan.faults import FaultPlan
 
-__all__ = ["parser", "MAX_NODES", "MAX_EPOCHS", "MAX_THREADS",
+__all__ = ["parser", "OneLineParser", "MAX_NODES", "MAX_EPOCHS", "MAX_THREADS",
            "MAX_RESTARTS", "MAX_SECONDS"]
 
 #: what one machine runs: beyond these a run only exhausts memory or time
@@ -87,8 +87,9 @@ def _resume(text):
     return "latest" if text == "latest" else _whole(0, 10 ** 9)(text)
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors are one line (the usage text is what --help is for)."""
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors are one line (the usage text is what --help is for):
+    the parser of every ``python -m localcluster.*`` command."""
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (--help lists the "
@@ -96,7 +97,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser():
-    p = _Parser(
+    p = OneLineParser(
         prog="python -m localcluster.run",
         description="Train a job on this machine, one process per node "
                     "(default: the embedded parameter-server regression).")

@@ -37,7 +37,7 @@ from .errors import CheckpointError
 __all__ = ["RUN_FILE", "LOCK_FILE", "TEMP_PREFIX", "DirLock", "make_dir",
            "run_files", "check_fresh", "clear_run", "saved_options",
            "save_options", "restore_options", "sweep_leftovers",
-           "is_run_file", "discard_if_unused"]
+           "is_run_file", "discard_if_unused", "read_pid"]
 
 log = logging.getLogger("localcluster.run")
 
@@ -100,7 +100,7 @@ class DirLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
-                holder = _read_pid(fd)
+                holder = read_pid(fd)
                 os.close(fd)
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise RunFailure(
@@ -144,7 +144,8 @@ def _same_file(fd, path):
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
-def _read_pid(fd):
+def read_pid(fd):
+    """The pid a run wrote into its lock file ``fd``, or None."""
     try:
         text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
     except OSError:

@@ -26,18 +26,11 @@ import os
 import sys
 
 from ._ckptdir import in_use, is_run_dir, prune_plan, remove, run_dirs, scan
+from ._runargs import OneLineParser
 from ._rundir import DirLock
 from ._runjob import RunFailure, UsageError, first_line
 
 __all__ = ["main", "parser"]
-
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors are one line (the usage text is what --help is for)."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (--help lists the "
-                     "options)\n")
 
 
 def _keep(text):
@@ -56,11 +49,11 @@ def _keep(text):
 
 
 def parser():
-    p = _Parser(prog="python -m localcluster.ckpt",
+    p = OneLineParser(prog="python -m localcluster.ckpt",
                 description="Look into and prune the checkpoint directories "
                             "of python -m localcluster.run.")
     sub = p.add_subparsers(dest="command", metavar="{ls,prune}",
-                           parser_class=_Parser)
+                           parser_class=OneLineParser)
     sub.required = True
     ls = sub.add_parser(
         "ls", help="list a run's checkpoints (or of every run directory in "

@@ -23,17 +23,16 @@ directory, no metrics.jsonl in it); 1 when the page cannot be written.
 Each error is one line.
 """
 
-import argparse
 import base64
 import hashlib
-import json
 import os
 import sys
 import tempfile
 import time
 
 from . import __version__
-from ._rundir import RUN_FILE
+from ._runargs import OneLineParser
+from ._rundir import saved_options
 from ._runmetrics import METRICS_FILE, read_metrics
 from ._reportdata import build
 from ._reportpage import (checkpoints_card, epoch_tables, header,
@@ -181,15 +180,6 @@ def find_metrics(path):
         f"(its --checkpoint-dir) or the {METRICS_FILE} in it")
 
 
-def _saved_options(directory):
-    try:
-        with open(os.path.join(directory, RUN_FILE)) as f:
-            saved = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return saved if isinstance(saved, dict) else None
-
-
 def write_report(records_or_dir, path, title=None):
     """Write the report page to ``path`` (atomically) and return ``path``.
     ``records_or_dir``: a list of records, a checkpoint directory, or a
@@ -199,7 +189,7 @@ def write_report(records_or_dir, path, title=None):
     if isinstance(records_or_dir, (str, os.PathLike)):
         metrics, directory = find_metrics(os.fspath(records_or_dir))
         records = read_metrics(metrics)
-        saved = _saved_options(directory)
+        saved = saved_options(directory)
     else:
         records = list(records_or_dir)
     return _write(render(records, title, saved), os.fspath(path))
@@ -223,13 +213,8 @@ def _write(page, path):
     return path
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"{self.prog}: {message} (see --help)\n")
-
-
 def _parser():
-    parser = _Parser(
+    parser = OneLineParser(
         prog="python -m localcluster.report",
         description="Write one self-contained HTML page showing the runs "
                     "recorded in a checkpoint directory's metrics.jsonl.")
@@ -264,7 +249,7 @@ def _main(args, prog):
               "give a readable metrics file", file=sys.stderr)
         return 2
     output = args.output or os.path.join(directory, REPORT_FILE)
-    page = render(records, args.title, _saved_options(directory))
+    page = render(records, args.title, saved_options(directory))
     try:
         _write(page, output)
     except OSError as exc:
