@@ -72,8 +72,9 @@ def metrics_text(values, every=False):
         done.add(stem)
         numbers = [values[n] for n in groups[stem] if values[n] is not None]
         spread = ("n/a" if not numbers else "/".join(
-            _g(v) for v in (min(numbers), statistics.median(numbers),
-                            max(numbers))))
+            format(v, ".3g") for v in (min(numbers),
+                                       statistics.median(numbers),
+                                       max(numbers))))
         parts.append(f"{stem}_* ({len(groups[stem])}) {spread}")
     return "  ".join(parts)
 
@@ -245,7 +246,7 @@ class EpochWatch:
         width = 2 * len(str(self.of)) + 1 if self.of else 3
         shown = metrics_text(values)
         text = (f"epoch {self._k_of_n(report.epoch):>{width}}  "
-                f"{report.seconds:7.3f} s{ckpt}{simulated}"
+                f"{report.seconds:6.3f} s{ckpt}{simulated}"
                 + (f"  {shown}" if shown else "")
                 + (f"  {rate:,.0f} rec/s" if rate else "")
                 + f"  elapsed {_seconds(now - self.started)}")
