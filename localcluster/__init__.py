@@ -12,7 +12,7 @@ if _sys.argv[:1] == ["-m"] and "localcluster.run" in _sys.orig_argv:
     # python -m localcluster.run: a signal while the package imports is
     # noted for the command line (which stops with its exit status), not
     # a traceback from inside an import
-    from ._runsignals import STOP as _STOP
+    from .cli.signals import STOP as _STOP
     _STOP.install()
 
 from . import errors, printer  # noqa: E402 - after the guard above
@@ -20,8 +20,9 @@ from .errors import (BlobNotFoundError, CheckpointError, CheckpointWarning,
                      LocalClusterError,
                      NodeFailedError, PlanError, RunTimeoutError,
                      SessionClosedError, TaskFailedError)
-from .checkpoint import (CheckpointManager, MetadataHandler,
-                         MultiNodeCheckpointManager, UploadTaskGroupBuilder)
+from .checkpoint.manager import (CheckpointManager, MetadataHandler,
+                                 MultiNodeCheckpointManager,
+                                 UploadTaskGroupBuilder)
 from .dataio import (CompositeReader, CounterReader, Dataset, Reader,
                      ReaderWithDelay, ReaderWithLimit, ReaderWithTimeLimit,
                      Record, Writer)

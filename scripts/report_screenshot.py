@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, os.pardir, "tests"))
 
 import _chromium  # noqa: E402  (a test helper, found through the path)
-from localcluster.report import write_report  # noqa: E402
+from localcluster.cli.report import write_report  # noqa: E402
 
 
 def main(argv=None):

@@ -1,5 +1,5 @@
 """Synthetic ``metrics.jsonl`` records for the report's tests, written
-with the schema of `localcluster._runmetrics` (test helper, not package
+with the schema of `localcluster.cli.rundir.metrics` (test helper, not package
 code): runs that end ok, fail, restart, or are killed (no ``end`` line),
 over any number of nodes and epochs."""
 

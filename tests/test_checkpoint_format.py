@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from localcluster import CheckpointError
-from localcluster.checkpoint_file import (read_checkpoint,
-                                          remove_partials,
-                                          verify_checkpoint,
-                                          write_checkpoint)
+from localcluster.checkpoint.fileformat import (read_checkpoint,
+                                                remove_partials,
+                                                verify_checkpoint,
+                                                write_checkpoint)
 
 BLOBS = {
     "w": np.arange(12, dtype=np.float32).reshape(3, 4),
@@ -94,7 +94,7 @@ def test_partials_of_killed_writers_are_removed(tmp_path):
         open(f"{path}.partial-{pid}", "wb").write(b"half")
     open(str(tmp_path / "node.20.partial-1"), "wb").write(b"other epoch")
     assert sorted(remove_partials(path)) == ["node.2.partial-11",
-                                             "node.2.partial-12"]
+                                                   "node.2.partial-12"]
     assert os.listdir(tmp_path) == ["node.20.partial-1"]
 
 

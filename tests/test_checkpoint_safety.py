@@ -18,9 +18,9 @@ import pytest
 from localcluster import (CheckpointError, Job, JobRunner,
                           MultiNodeCheckpointManager, Node, Task,
                           epoch_limiter, ops)
-from localcluster.checkpoint_file import (read_checkpoint, read_manifest,
-                                          verify_checkpoint,
-                                          write_checkpoint)
+from localcluster.checkpoint.fileformat import (read_checkpoint, read_manifest,
+                                                verify_checkpoint,
+                                                write_checkpoint)
 
 NODES = ["trainer_0", "trainer_1"]
 EPOCHS = 4

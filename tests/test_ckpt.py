@@ -16,15 +16,16 @@ import tempfile
 import numpy as np
 import pytest
 
-from localcluster import ckpt
-from localcluster._ckptdir import prune, scan
-from localcluster._runcleanup import cleanup
-from localcluster._rundir import LOCK_FILE, RUN_FILE, TEMP_PREFIX, DirLock
-from localcluster._runmetrics import METRICS_FILE, MetricsLog
-from localcluster._runjob import RunFailure
+from localcluster.cli import ckpt
+from localcluster.cli.rundir.scan import prune, scan
+from localcluster.cli.cleanup import cleanup
+from localcluster.cli.rundir.directory import (LOCK_FILE, RUN_FILE, TEMP_PREFIX,
+                                               DirLock)
+from localcluster.cli.rundir.metrics import METRICS_FILE, MetricsLog
+from localcluster.cli.jobspec import RunFailure
 from localcluster.checkpoint import MultiNodeCheckpointManager
-from localcluster.checkpoint_file import write_checkpoint
-from localcluster.run import parser as run_parser
+from localcluster.checkpoint.fileformat import write_checkpoint
+from localcluster.cli.args import parser as run_parser
 
 NODES = ["a", "b", "c"]
 

@@ -131,7 +131,7 @@ def test_readme_points_only_at_files_in_the_repository():
 
 
 def test_readme_documents_every_option_and_exit_status():
-    from localcluster.run import parser
+    from localcluster.cli.args import parser
     text = README.read_text()
     options = [o for action in parser()._actions
                for o in action.option_strings if o.startswith("--")]

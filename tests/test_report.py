@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import _reportrecords as R
-from localcluster import report as rpt
-from localcluster._reportdata import KILLED, build, metric_charts
+from localcluster.cli import report as rpt
+from localcluster.cli.htmlreport.data import KILLED, build, metric_charts
 
 EVIL = "<script>alert(1)</script>"
 

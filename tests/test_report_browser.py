@@ -9,7 +9,7 @@ import pytest
 
 import _chromium
 import _reportrecords as R
-from localcluster.report import write_report
+from localcluster.cli.report import write_report
 
 pytestmark = pytest.mark.skipif(
     _chromium.find_binary() is None,

@@ -191,7 +191,7 @@ def test_max_restarts_recovers_a_timed_out_node(tmp_path):
 def usage_error(capsys, *args):
     """The command line's usage error for ``args`` (parsed in this
     process: no job runs), as its one line."""
-    from localcluster.run import main
+    from localcluster.cli.run import main
     with pytest.raises(SystemExit) as stopped:
         main(list(args))
     assert stopped.value.code == 2, args
@@ -247,7 +247,7 @@ def test_a_signal_while_the_command_line_starts_is_its_exit_status(sig):
 
 
 def test_a_stop_raised_where_it_cannot_propagate_is_raised_again(capfd):
-    from localcluster._runsignals import Interrupted, StopSignals
+    from localcluster.cli.signals import Interrupted, StopSignals
     signals = StopSignals()
     signals.install()
     try:
@@ -277,17 +277,17 @@ def test_a_stop_raised_where_it_cannot_propagate_is_raised_again(capfd):
 
 
 def test_the_run_file_is_never_left_half_written(tmp_path, monkeypatch):
-    from localcluster import _rundir
-    _rundir.save_options(str(tmp_path), "a:b", {"nodes": 1})
+    from localcluster.cli.rundir import directory as rundir
+    rundir.save_options(str(tmp_path), "a:b", {"nodes": 1})
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_rundir.json, "dump", interrupted)
+    monkeypatch.setattr(rundir.json, "dump", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        _rundir.save_options(str(tmp_path), "a:b", {"nodes": 2})
-    assert os.listdir(tmp_path) == [_rundir.RUN_FILE]
-    assert _rundir.saved_options(str(tmp_path))["nodes"] == 1
+        rundir.save_options(str(tmp_path), "a:b", {"nodes": 2})
+    assert os.listdir(tmp_path) == [rundir.RUN_FILE]
+    assert rundir.saved_options(str(tmp_path))["nodes"] == 1
 
 
 # -- 12: partial checkpoints of killed runs -----------------------------------------
@@ -308,7 +308,7 @@ def plant_partial(directory, pid, age=0.0, base="ps.3"):
 
 
 def test_a_zombie_writer_is_not_alive(tmp_path):
-    from localcluster.checkpoint_file import remove_partials
+    from localcluster.checkpoint.fileformat import remove_partials
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
         deadline = time.monotonic() + 10
@@ -325,7 +325,7 @@ def test_a_zombie_writer_is_not_alive(tmp_path):
 
 
 def test_a_reused_pid_is_not_the_writer(tmp_path):
-    from localcluster.checkpoint_file import remove_partials
+    from localcluster.checkpoint.fileformat import remove_partials
     # a live process that started an hour after the file was last written
     other = subprocess.Popen([sys.executable, "-c",
                               "import time; time.sleep(30)"])
@@ -339,7 +339,7 @@ def test_a_reused_pid_is_not_the_writer(tmp_path):
 
 
 def test_a_live_writer_keeps_its_partial_file(tmp_path):
-    from localcluster.checkpoint_file import remove_partials
+    from localcluster.checkpoint.fileformat import remove_partials
     path = plant_partial(str(tmp_path), os.getpid())
     assert remove_partials(str(tmp_path / "ps.3"), dead_only=True) == []
     assert os.path.exists(path)

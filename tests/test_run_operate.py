@@ -13,8 +13,8 @@ import time
 import psutil
 import pytest
 
-from localcluster._runepochs import metrics_text, nodes_text, short_names
-from localcluster._runmetrics import METRICS_FILE, read_metrics
+from localcluster.cli.train.epochs import metrics_text, nodes_text, short_names
+from localcluster.cli.rundir.metrics import METRICS_FILE, read_metrics
 
 from test_run import json_run, leftovers, run
 

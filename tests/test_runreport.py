@@ -5,7 +5,7 @@ that says where its nodes run (``node_pids``, read by the base session's
 import multiprocessing
 import os
 
-from localcluster._runreport import IN_PROCESS, Usage
+from localcluster.cli.train.progress import IN_PROCESS, Usage
 from localcluster.sessions.base import Session
 
 

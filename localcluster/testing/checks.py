@@ -50,7 +50,7 @@ import numpy as np
 
 from ..errors import NodeFailedError
 from ..job import Job, JobRunner, epoch_limiter
-from ..checkpoint import MultiNodeCheckpointManager
+from ..checkpoint.manager import MultiNodeCheckpointManager
 from ..plan.faults import Epoch, FaultPlan, Kill
 from ..sessions.local import LocalSession
 from ..sessions.localhost import LocalHostScheduler

@@ -12,8 +12,8 @@ naming it.
 import fnmatch
 import os
 
-from ._runjob import UsageError, job_nodes
-from .task import Node
+from .jobspec import UsageError, job_nodes
+from ..task import Node
 
 __all__ = ["parse_cpus", "apply_cpus"]
 

@@ -2,7 +2,7 @@
 and the managers a `JobRunner` drives.
 
 A checkpoint is one file per node and epoch, ``<db_prefix>/<node>.<epoch>``
-(the format: `localcluster.checkpoint_file`), written by the node itself --
+(the format: `localcluster.checkpoint.fileformat`), written by the node itself --
 under `LocalHostScheduler` in its own process, all nodes in parallel.
 
 The blobs a node checkpoints are its global workspace right after the init
@@ -34,14 +34,13 @@ import re
 
 import numpy as np
 
-from .checkpoint_file import (BLOB_NAMES, PARTIAL, checkpointable,
-                              read_checkpoint, read_manifest,
-                              remove_partials, verify_checkpoint,
-                              write_checkpoint)
-from .errors import CheckpointError, PlanError
-from .kernels.registry import register_op
-from .plan.net import Net
-from .task import Node, Task, TaskGroup, WorkspaceType
+from .fileformat import (BLOB_NAMES, PARTIAL, checkpointable, read_checkpoint,
+                         read_manifest, remove_partials, verify_checkpoint,
+                         write_checkpoint)
+from ..errors import CheckpointError, PlanError
+from ..kernels.registry import register_op
+from ..plan.net import Net
+from ..task import Node, Task, TaskGroup, WorkspaceType
 
 __all__ = ["CheckpointManager", "MultiNodeCheckpointManager",
            "UploadTaskGroupBuilder", "MetadataHandler", "BLOB_NAMES"]

@@ -25,7 +25,7 @@ import re
 import statistics
 import time
 
-from ._runreport import IN_PROCESS, mib, scalar
+from .progress import IN_PROCESS, mib, scalar
 
 __all__ = ["EpochWatch", "LIST_AT_MOST", "short_names", "metrics_text",
            "nodes_text"]

@@ -10,10 +10,10 @@ first run anyway; here it is one line before anything starts).
 
 import fnmatch
 
-from .errors import PlanError
-from .plan.conditions import Slowdown, check_patterns
-from .runtime.schedule import Schedule
-from ._runjob import UsageError, job_nodes
+from ..errors import PlanError
+from ..plan.conditions import Slowdown, check_patterns
+from ..runtime.schedule import Schedule
+from .jobspec import UsageError, job_nodes
 
 __all__ = ["SIM_OP_SECONDS", "STRAGGLER_FACTOR", "resolve_session",
            "session_options"]

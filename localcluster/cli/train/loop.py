@@ -1,7 +1,7 @@
 """One training run of ``python -m localcluster.run``: the session, the
 `JobRunner` and what is shown of them -- the header, a line per epoch, and
 the end: done, interrupted (every node stopped, how to resume) or failed
-(the lines of `_runfail`).  Whatever the end, no partial checkpoint of the
+(the lines of `cli.train.failure`).  Whatever the end, no partial checkpoint of the
 run stays, and the trace (``--trace``) is written.
 """
 
@@ -11,21 +11,25 @@ import platform
 import sys
 import time
 
-from . import (JobRunner, LocalClusterError, LocalHostScheduler,
-               LocalSession, TaskOutput, __version__)
-from .plan.faults import FaultPlan
-from ._rundir import is_run_file
-from ._runconditions import session_options
-from ._runfail import describe, resume_hint
-from ._runjob import DEFAULT_JOB, UsageError, job_nodes
-from ._ckptdir import prune
-from ._runepochs import EpochWatch, short_names
-from ._runlogs import MasterLog, log_options
-from ._runmetrics import MetricsLog, json_safe
-from ._runreport import Progress, Usage
-from ._runsignals import exit_status
-from ._runtrace import chrome_trace
-from .checkpoint_file import PARTIAL, remove_partials_under
+from ...errors import LocalClusterError
+from ...job import JobRunner
+from ...sessions.local import LocalSession
+from ...sessions.localhost import LocalHostScheduler
+from ...task import TaskOutput
+from ..version import __version__
+from ...plan.faults import FaultPlan
+from ..rundir.directory import is_run_file
+from ..conditions import session_options
+from .failure import describe, resume_hint
+from ..jobspec import DEFAULT_JOB, UsageError, job_nodes
+from ..rundir.scan import prune
+from .epochs import EpochWatch, short_names
+from .logs import MasterLog, log_options
+from ..rundir.metrics import MetricsLog, json_safe
+from .progress import Progress, Usage
+from ..signals import exit_status
+from .trace import chrome_trace
+from ...checkpoint.fileformat import PARTIAL, remove_partials_under
 
 __all__ = ["Run", "TEMP_KEEP_LAST"]
 
@@ -81,7 +85,7 @@ class Run:
 
     def _write_report(self):
         """``--report FILE``: the run's page, from its metrics.jsonl."""
-        from .report import write_report
+        from ..report import write_report
         try:
             path = write_report(self.directory, self.args.report)
         except (OSError, ValueError) as exc:
@@ -381,7 +385,7 @@ def _session_class(kind):
     if kind == "local":
         return LocalSession
     try:
-        from .sessions.ray import RaySession
+        from ...sessions.ray import RaySession
     except ImportError:
         raise UsageError("--session ray needs Ray: pip install "
                          "'localcluster[ray]'") from None

@@ -21,7 +21,7 @@ import fnmatch
 import logging
 import os
 
-from ._runjob import UsageError
+from ..jobspec import UsageError
 
 __all__ = ["log_options", "MasterLog", "master_log_name"]
 

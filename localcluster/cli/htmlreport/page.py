@@ -1,5 +1,5 @@
 """The sections of the report page, each an HTML string built from a
-`_reportdata.Report`: the header (job, session, nodes, each run's status
+`cli.htmlreport.data.Report`: the header (job, session, nodes, each run's status
 and times), the options, the charts' cards, the restarts and checkpoint
 tables, and the collapsible epoch tables with every number.
 
@@ -10,9 +10,9 @@ behind a ``<details>``.  (The page around them: `localcluster.report`.)
 
 import time
 
-from ._reportdata import KILLED, MAX_NODE_LINES, metric_charts, num
-from ._reportsvg import (MARKER, Band, Series, bar_chart, esc, fmt_value,
-                         line_chart, node_color, run_color)
+from .data import KILLED, MAX_NODE_LINES, metric_charts, num
+from .svg import (MARKER, Band, Series, bar_chart, esc, fmt_value, line_chart,
+                  node_color, run_color)
 
 __all__ = ["header", "runs_card", "options_card", "metric_cards",
            "throughput_card", "seconds_card", "simulated_card",

@@ -4,11 +4,11 @@ error naming it and the range or form it takes)."""
 
 import argparse
 
-from . import PlanError
-from ._runconditions import SIM_OP_SECONDS
-from ._runcpus import parse_cpus
-from .plan.conditions import parse_link, parse_seconds, parse_slowdown
-from .plan.faults import FaultPlan
+from ..errors import PlanError
+from .conditions import SIM_OP_SECONDS
+from .cpus import parse_cpus
+from ..plan.conditions import parse_link, parse_seconds, parse_slowdown
+from ..plan.faults import FaultPlan
 
 __all__ = ["parser", "OneLineParser", "MAX_NODES", "MAX_EPOCHS", "MAX_THREADS",
            "MAX_RESTARTS", "MAX_SECONDS"]

@@ -19,9 +19,9 @@ import logging
 import os
 import sys
 
-from .job import Job
-from .plan.net import Net
-from .plan.step import ExecutionStep
+from ..job import Job
+from ..plan.net import Net
+from ..plan.step import ExecutionStep
 
 __all__ = ["DEFAULT_JOB", "JOB_OPTIONS", "UsageError", "RunFailure",
            "JobBuildError", "load_builder", "build_job", "job_nodes",

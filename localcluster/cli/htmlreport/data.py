@@ -1,5 +1,5 @@
 """What the report of a run shows, computed from a ``metrics.jsonl``'s
-records (`localcluster._runmetrics` describes them): the runs and how
+records (`localcluster.cli.rundir.metrics` describes them): the runs and how
 each ended, every epoch on one epoch axis, the per-node process series on
 one time axis, the metric charts (`metric_charts`: one per metric, one
 per family of numbered metrics), and the min/median/max bands that stand
@@ -9,7 +9,7 @@ one line each.
 It is the report's only reader of the records, and it trusts nothing in
 them: a missing or null field, a number that is a string, a line of a run
 whose ``run`` line was lost -- each is shown as absent, never an error.
-(The HTML: `localcluster.report`; the charts: `_reportsvg`.)
+(The HTML: `localcluster.report`; the charts: `cli.htmlreport.svg`.)
 """
 
 import math
@@ -25,7 +25,7 @@ KILLED = "did not end (killed?)"
 MAX_NODE_LINES = 12
 #: a metric of a numbered family, one per node: ``train_loss_7``.  Any
 #: digits count, ``worker_07`` too: zero-padded node numbers are common,
-#: and the terminal's epoch line (`localcluster._runepochs`) groups the
+#: and the terminal's epoch line (`localcluster.cli.train.epochs`) groups the
 #: same names.
 NUMBERED = re.compile(r"^(?P<stem>.+)_(?P<n>[0-9]+)$")
 

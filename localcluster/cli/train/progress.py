@@ -1,7 +1,7 @@
 """What ``python -m localcluster.run`` shows while a job trains: each node
 process's CPU and memory (`Usage`), the progress lines and the live line
-on a terminal (`Progress`).  (Each epoch's line: `_runepochs`; the
-Chrome trace of a run: `_runtrace`.)
+on a terminal (`Progress`).  (Each epoch's line: `cli.train.epochs`; the
+Chrome trace of a run: `cli.train.trace`.)
 """
 
 import os

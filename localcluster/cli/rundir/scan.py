@@ -39,14 +39,14 @@ import stat
 import struct
 import zipfile
 
-from ._rundir import (LOCK_FILE, RUN_FILE, is_run_file, read_pid,
-                      saved_options)
-from ._runmetrics import METRICS_FILE, read_metrics
-from .checkpoint import MultiNodeCheckpointManager
-from .checkpoint_file import (FORMAT, MANIFEST, read_manifest,
-                              verify_checkpoint)
-from .checkpoint_partials import PARTIAL, partials_under
-from .errors import CheckpointError
+from .directory import (LOCK_FILE, RUN_FILE, is_run_file, read_pid,
+                        saved_options)
+from .metrics import METRICS_FILE, read_metrics
+from ...checkpoint.manager import MultiNodeCheckpointManager
+from ...checkpoint.fileformat import (FORMAT, MANIFEST, read_manifest,
+                                      verify_checkpoint)
+from ...checkpoint.partials import PARTIAL, partials_under
+from ...errors import CheckpointError
 
 __all__ = ["RunDir", "Epoch", "scan", "is_run_dir", "run_dirs", "in_use",
            "last_run_status", "prune_plan", "remove", "prune"]

@@ -26,11 +26,11 @@ import stat
 import sys
 import tempfile
 
-from ._ckptdir import scan
-from ._rundir import LOCK_FILE, TEMP_PREFIX, DirLock
-from ._runjob import RunFailure, UsageError
-from .checkpoint_file import remove_partials_under
-from .runtime import shm
+from .rundir.scan import scan
+from .rundir.directory import LOCK_FILE, TEMP_PREFIX, DirLock
+from .jobspec import RunFailure, UsageError
+from ..checkpoint.fileformat import remove_partials_under
+from ..runtime import shm
 
 __all__ = ["cleanup", "temp_run_dirs", "remove_gone_temp_dirs"]
 

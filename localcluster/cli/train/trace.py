@@ -17,7 +17,7 @@ import os
 import stat
 import tempfile
 
-from ._runjob import UsageError
+from ..jobspec import UsageError
 
 __all__ = ["TraceFile", "chrome_trace"]
 

@@ -47,9 +47,8 @@ import zlib
 
 import numpy as np
 
-from .errors import CheckpointError
-from .checkpoint_partials import (PARTIAL, remove_partials,
-                                  remove_partials_under)
+from ..errors import CheckpointError
+from .partials import PARTIAL, remove_partials, remove_partials_under
 
 __all__ = ["BLOB_NAMES", "checkpointable", "write_checkpoint",
            "read_checkpoint", "verify_checkpoint", "read_manifest",

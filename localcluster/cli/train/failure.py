@@ -18,8 +18,8 @@ import os
 import re
 import shlex
 
-from ._runjob import first_line
-from .errors import NodeFailedError, RunTimeoutError, TaskFailedError
+from ..jobspec import first_line
+from ...errors import NodeFailedError, RunTimeoutError, TaskFailedError
 
 __all__ = ["Failure", "describe", "resume_hint", "recurs"]
 

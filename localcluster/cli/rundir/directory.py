@@ -3,7 +3,7 @@
 One directory holds one run's checkpoints (``<node>.<epoch>``), the run
 file (``localcluster-run.json``: the job and the value of every job option
 its checkpoints were made with) and the runs' history (``metrics.jsonl``,
-`_runmetrics`).  So that two runs never mix there:
+`cli.rundir.metrics`).  So that two runs never mix there:
 
 - `DirLock`: a run holds an exclusive ``flock`` on
   ``localcluster-run.lock`` for its whole life (the kernel drops it when
@@ -29,10 +29,11 @@ import os
 import re
 import tempfile
 
-from ._runjob import DEFAULT_JOB, JOB_OPTIONS, RunFailure, UsageError
-from ._runmetrics import METRICS_FILE
-from .checkpoint_file import PARTIAL, read_manifest, remove_partials_under
-from .errors import CheckpointError
+from ..jobspec import DEFAULT_JOB, JOB_OPTIONS, RunFailure, UsageError
+from .metrics import METRICS_FILE
+from ...checkpoint.fileformat import (PARTIAL, read_manifest,
+                                      remove_partials_under)
+from ...errors import CheckpointError
 
 __all__ = ["RUN_FILE", "LOCK_FILE", "TEMP_PREFIX", "DirLock", "make_dir",
            "run_files", "check_fresh", "clear_run", "saved_options",

@@ -14,10 +14,10 @@ timing by design, which every check would rightly report.
 import logging
 import time
 
-from ._runconditions import session_options
+from .conditions import session_options
 
-from ._runjob import DEFAULT_JOB, UsageError, build_job, load_builder
-from .testing import checks as C
+from .jobspec import DEFAULT_JOB, UsageError, build_job, load_builder
+from ..testing import checks as C
 
 __all__ = ["CommandLineJob", "run_checks", "CHECKS"]
 
@@ -30,7 +30,7 @@ class CommandLineJob:
     --OPTION VALUE ...`` trains: a value, so a check's replay line names
     it (``CommandLineJob("pkg.mod:func", nodes=2)``)."""
 
-    replay_import = "localcluster._runcheck"
+    replay_import = "localcluster.cli.check"
 
     def __init__(self, spec=DEFAULT_JOB, **options):
         self.spec = spec
@@ -39,7 +39,7 @@ class CommandLineJob:
 
     def __repr__(self):
         args = "".join(f", {k}={v!r}" for k, v in self.options.items())
-        return f"localcluster._runcheck.CommandLineJob({self.spec!r}{args})"
+        return f"localcluster.cli.check.CommandLineJob({self.spec!r}{args})"
 
     def __call__(self):
         args = _Args(self.options)

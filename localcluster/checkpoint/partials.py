@@ -1,7 +1,7 @@
 """Partial checkpoint files: what an interrupted writer leaves behind.
 
 A node writes its checkpoint to ``<db_prefix>/<node>.<epoch>.partial-<pid>-
-<random>`` and renames it when it is whole (`checkpoint_file`).  A writer
+<random>`` and renames it when it is whole (`checkpoint.fileformat`).  A writer
 killed on the way -- or whose master was killed -- leaves the partial file;
 these functions remove such files, by default all of a checkpoint's, and
 with ``dead_only`` only those whose writer can no longer write them: no

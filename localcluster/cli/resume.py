@@ -15,12 +15,12 @@ for the end while epochs are left: ``--resume --epochs 8`` after a
 is exactly what it was.
 """
 
-from .checkpoint import MultiNodeCheckpointManager
-from ._runjob import RunFailure, limiter_counters
-from .errors import LocalClusterError
-from .plan import execution_step
-from .plan.net import Net
-from .task import Node, Task, TaskGroup, WorkspaceType
+from ..checkpoint.manager import MultiNodeCheckpointManager
+from .jobspec import RunFailure, limiter_counters
+from ..errors import LocalClusterError
+from ..plan import execution_step
+from ..plan.net import Net
+from ..task import Node, Task, TaskGroup, WorkspaceType
 
 __all__ = ["checkpoint_manager", "resume_epoch", "LimiterManager"]
 
