@@ -154,7 +154,18 @@ class NodeFailedError(LocalClusterError):
 
 
 class CheckpointError(LocalClusterError):
-    """A checkpoint could not be written, or failed verification on load."""
+    """A checkpoint could not be written, or failed verification on load.
+
+    ``reason``: what is wrong with the file in a few words (``blob 'w'
+    fails its CRC-32 check (corrupted)``), without its path or the advice
+    -- what a listing of a checkpoint directory shows."""
+
+    def __init__(self, message, reason=None):
+        super().__init__(message)
+        self.reason = reason if reason is not None else message
+
+    def __reduce__(self):  # the reason crosses a pipe too
+        return type(self), (str(self), self.reason)
 
 
 class CheckpointWarning(UserWarning):

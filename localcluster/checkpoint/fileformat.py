@@ -48,6 +48,7 @@ import zlib
 import numpy as np
 
 from ..errors import CheckpointError
+from .atomic import atomic_write
 from .partials import PARTIAL, remove_partials, remove_partials_under
 
 __all__ = ["BLOB_NAMES", "checkpointable", "write_checkpoint",
@@ -78,42 +79,23 @@ def write_checkpoint(path, blobs, meta=None):
     """Write ``{name: array}`` to ``path`` atomically (see the module
     docstring); returns the manifest.  Nothing is left at ``path`` or
     beside it if writing fails."""
-    directory = os.path.dirname(path) or "."
-    make_private_dirs(directory)
+    make_private_dirs(os.path.dirname(path) or ".")
     remove_partials(path, dead_only=True)
+
+    def write(f):
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED,
+                             allowZip64=True) as zf:
+            entries = [_write_member(zf, name, value)
+                       for name, value in blobs.items()]
+            manifest = dict(meta or {}, format=FORMAT, version=1,
+                            blobs=entries)
+            zf.writestr(MANIFEST, json.dumps(manifest, indent=1))
+        return manifest
+
     # unique per writer: two writers of one path never share a temp file
-    tmp = f"{path}{PARTIAL}{os.getpid()}-{os.urandom(4).hex()}"
-    entries = []
-    try:
-        with _create_private(tmp) as f:
-            with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED,
-                                 allowZip64=True) as zf:
-                for name, value in blobs.items():
-                    entries.append(_write_member(zf, name, value))
-                manifest = dict(meta or {}, format=FORMAT, version=1,
-                                blobs=entries)
-                zf.writestr(MANIFEST, json.dumps(manifest, indent=1))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(tmp)
-        raise
-    _fsync_dir(directory)
-    return manifest
-
-
-def _create_private(path):
-    """A new file at ``path``, mode 0600, for writing.  ``O_EXCL``: a name
-    that exists -- whatever it is, a symlink included -- fails instead of
-    being written through."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL |
-                 getattr(os, "O_CLOEXEC", 0), FILE_MODE)
-    try:
-        return os.fdopen(fd, "wb")
-    except BaseException:
-        os.close(fd)
-        raise
+    return atomic_write(
+        path, write, mode=FILE_MODE,
+        temp=f"{path}{PARTIAL}{os.getpid()}-{os.urandom(4).hex()}")
 
 
 def make_private_dirs(directory):
@@ -230,7 +212,8 @@ def _check_identity(manifest, path, node, epoch):
             "loaded -- a file copied, renamed or linked from another node or"
             " epoch, or an edited manifest: put that node's own checkpoint "
             "of that epoch there, or resume from another epoch "
-            "(get_resume_from_epoch_id() skips such files)")
+            "(get_resume_from_epoch_id() skips such files)",
+            reason=f"of {found}, not of {_identity(node, epoch)}")
     return manifest
 
 
@@ -273,7 +256,8 @@ def _scan(path, names, out, sink, node=None, epoch=None):
 def _missing(path):
     return CheckpointError(
         f"checkpoint {path} does not exist: check the db_prefix and the "
-        "epoch (get_resume_from_epoch_id() gives the latest complete one)")
+        "epoch (get_resume_from_epoch_id() gives the latest complete one)",
+        reason="does not exist")
 
 
 def _not_regular(path, mode):
@@ -284,28 +268,37 @@ def _not_regular(path, mode):
     return CheckpointError(
         f"checkpoint {path} is {kind}, not a regular file; only regular "
         "files are read as checkpoints (nothing was read from it) -- "
-        "remove it, or put the node's checkpoint file there")
+        "remove it, or put the node's checkpoint file there",
+        reason=f"{kind}, not a regular file")
 
 
 def _corrupt(path, exc):
     return CheckpointError(
         f"checkpoint {path} is torn or corrupted ({type(exc).__name__}: "
         f"{exc}); it was not loaded -- resume from an earlier epoch "
-        "(get_resume_from_epoch_id() skips broken ones)")
+        "(get_resume_from_epoch_id() skips broken ones)",
+        reason=f"{type(exc).__name__}: {exc}")
+
+
+def _bad(path, reason, consequence=None):
+    """The error of a checkpoint whose contents are not as written."""
+    tail = f"; {consequence}" if consequence else ""
+    return CheckpointError(f"checkpoint {path}: {reason}{tail}",
+                           reason=reason)
 
 
 def _manifest(zf, path):
     manifest = json.loads(zf.read(MANIFEST))  # zipfile checks its CRC
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} has no localcluster "
-                              "manifest; it was not written by localcluster")
+                              "manifest; it was not written by localcluster",
+                              reason="has no localcluster manifest")
     members = {info.filename: info for info in zf.infolist()}
     for entry in manifest["blobs"]:
         info = members.get(entry["member"])
         if info is None or info.CRC != entry["crc32"]:
-            raise CheckpointError(
-                f"checkpoint {path}: blob {entry['name']!r} does not match "
-                "the manifest (torn or corrupted file); it was not loaded")
+            raise _bad(path, f"blob {entry['name']!r} does not match the "
+                       "manifest (torn or corrupted file)", "it was not loaded")
     return manifest
 
 
@@ -327,17 +320,15 @@ def _locate(zf, raw, entry, path):
     info = zf.getinfo(entry["member"])
     if info.compress_type != zipfile.ZIP_STORED or \
             info.compress_size != info.file_size:
-        raise CheckpointError(f"checkpoint {path}: blob {entry['name']!r} "
-                              "is not stored as written")
+        raise _bad(path, f"blob {entry['name']!r} is not stored as written")
     raw.seek(info.header_offset)
     local = raw.read(30)
     if len(local) != 30 or local[:4] != b"PK\x03\x04":
-        raise CheckpointError(f"checkpoint {path}: blob {entry['name']!r} "
-                              "has no valid local header")
+        raise _bad(path, f"blob {entry['name']!r} has no valid local header")
     name_len, extra_len = struct.unpack("<HH", local[26:30])
     if raw.read(name_len).decode("utf-8", "replace") != info.filename:
-        raise CheckpointError(f"checkpoint {path}: blob {entry['name']!r} "
-                              "has a local header of another member")
+        raise _bad(path, f"blob {entry['name']!r} has a local header of "
+                   "another member")
     start = info.header_offset + 30 + name_len + extra_len
     raw.seek(start)
     reader = _Counted(raw)
@@ -348,9 +339,8 @@ def _locate(zf, raw, entry, path):
     if dtype.hasobject or fortran or list(shape) != entry["shape"] or \
             dtype.str != entry["dtype"] or \
             reader.count + entry["nbytes"] != info.file_size:
-        raise CheckpointError(
-            f"checkpoint {path}: blob {entry['name']!r} has a header that "
-            "does not match the manifest; it was not loaded")
+        raise _bad(path, f"blob {entry['name']!r} has a header that does "
+                   "not match the manifest", "it was not loaded")
     return _Place(entry["name"], start, reader.count, shape, dtype,
                   entry["nbytes"], info.CRC)
 
@@ -360,16 +350,14 @@ def _read_exactly(raw, view, place, path):
     while got < len(view):
         more = raw.readinto(view[got:])
         if not more:
-            raise CheckpointError(
-                f"checkpoint {path}: blob {place.name!r} is cut short")
+            raise _bad(path, f"blob {place.name!r} is cut short")
         got += more
 
 
 def _check(crc, place, path):
     if crc != place.crc:
-        raise CheckpointError(
-            f"checkpoint {path}: blob {place.name!r} fails its CRC-32 check "
-            "(corrupted); it was not loaded")
+        raise _bad(path, f"blob {place.name!r} fails its CRC-32 check "
+                   "(corrupted)", "it was not loaded")
 
 
 def _verify(raw, place, path, buffer):
@@ -409,23 +397,3 @@ class _Counted:
         data = self._f.read(n)
         self.count += len(data)
         return data
-
-
-def _unlink(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _fsync_dir(directory):
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -1,9 +1,10 @@
-"""Per-node checkpoints: the ops that save and load them inside a node,
-and the managers a `JobRunner` drives.
+"""The checkpoint managers a `JobRunner` drives (the ops their TaskGroups
+run inside each node: `checkpoint.ops`).
 
 A checkpoint is one file per node and epoch, ``<db_prefix>/<node>.<epoch>``
-(the format: `localcluster.checkpoint.fileformat`), written by the node itself --
-under `LocalHostScheduler` in its own process, all nodes in parallel.
+(the name: `checkpoint.names`; the format: `checkpoint.fileformat`),
+written by the node itself -- under `LocalHostScheduler` in its own
+process, all nodes in parallel.
 
 The blobs a node checkpoints are its global workspace right after the init
 group: ``init()`` records their names in a blob on the node
@@ -30,104 +31,18 @@ still makes every epoch incomplete.  Checkpoints written before
 
 import abc
 import os
-import re
 
-import numpy as np
-
-from .fileformat import (BLOB_NAMES, PARTIAL, checkpointable, read_checkpoint,
-                         read_manifest, remove_partials, verify_checkpoint,
-                         write_checkpoint)
+from . import ops  # noqa: F401 - registers the ops the managers' nets run
+from .fileformat import (BLOB_NAMES, read_manifest, remove_partials,
+                         verify_checkpoint)
+from .names import checkpoint_path, parse_name
 from ..errors import CheckpointError, PlanError
-from ..kernels.registry import register_op
 from ..plan.net import Net
 from ..task import Node, Task, TaskGroup, WorkspaceType
 
 __all__ = ["CheckpointManager", "MultiNodeCheckpointManager",
            "UploadTaskGroupBuilder", "MetadataHandler", "BLOB_NAMES"]
 
-
-#: a checkpoint's file name, ``<node>.<epoch>``
-_EPOCH_FILE = re.compile(r"^(?P<node>.+)\.(?P<epoch>\d+)$")
-
-
-# -- the ops a node runs ----------------------------------------------------------
-
-def _workspace(ctx):
-    ws = ctx.resources.get("workspace")
-    if ws is None:
-        raise RuntimeError(f"node {ctx.node!r} gives its ops no workspace; "
-                           "this session cannot checkpoint")
-    return ws
-
-
-def _expected(ctx, path, epoch):
-    """``(node, epoch)`` a checkpoint loaded from ``path`` must be of: the
-    node loading it, and ``epoch`` -- or, if none was given (< 0), the
-    epoch its name ``<node>.<epoch>`` says, if it says one."""
-    if epoch < 0:
-        named = _EPOCH_FILE.match(os.path.basename(path))
-        epoch = int(named["epoch"]) if named else None
-    return ctx.node, epoch
-
-
-@register_op("CheckpointBlobNames", context=True)
-def checkpoint_blob_names(ctx, path="", epoch=-1):
-    """The names of what this node checkpoints: its global workspace's
-    array blobs now, or -- given ``path`` -- the blobs of that checkpoint
-    (of this node and ``epoch``)."""
-    if path:
-        node, epoch = _expected(ctx, path, epoch)
-        names = [e["name"] for e in
-                 read_manifest(path, node=node, epoch=epoch)["blobs"]]
-    else:
-        ws = _workspace(ctx)
-        with ws.lock:
-            names = sorted(n for n in ws.names()
-                           if checkpointable(n, ws.get_or_none(n)))
-    return np.array(names, dtype=str) if names else np.zeros(0, "<U1")
-
-
-@register_op("SaveCheckpoint", num_outputs=0, context=True)
-def save_checkpoint(ctx, names, path="", epoch=0, final=False,
-                    job_nodes=()):
-    """Write the blobs listed in ``names`` to ``path`` (see the module);
-    ``final`` marks the epoch training stopped after, ``job_nodes`` are
-    every node checkpointing it (so a reader knows who else must have)."""
-    ws = _workspace(ctx)
-    blobs = {}
-    for name in names.tolist():
-        value = ws.get_or_none(name)
-        if value is None:
-            raise CheckpointError(
-                f"blob {name!r} of node {ctx.node!r} was in its workspace "
-                "after the init group but is gone; a checkpoint needs every "
-                "blob the init group left")
-        blobs[name] = value
-    write_checkpoint(path, blobs, {"node": ctx.node, "epoch": int(epoch),
-                                   "final": bool(final),
-                                   "job_nodes": [str(n) for n in job_nodes]})
-
-
-@register_op("LoadCheckpoint", num_outputs=0, context=True)
-def load_checkpoint(ctx, path="", names=None, epoch=-1):
-    """Put the blobs of the checkpoint at ``path`` (only ``names``, if
-    given) into this node's global workspace, after verifying all of them
-    and that it is this node's checkpoint of ``epoch``; a full load also
-    resets the node's list of checkpointed blobs."""
-    ws = _workspace(ctx)
-    node, epoch = _expected(ctx, path, epoch)
-    with ws.lock:
-        # every blob verified, then read straight into the memory the
-        # node's store gives it (its shared-memory segment, say)
-        manifest, _ = read_checkpoint(path, names, ws.store.reserve,
-                                      node=node, epoch=epoch)
-        if names is None:
-            ws.set(BLOB_NAMES, np.array([e["name"] for e in
-                                         manifest["blobs"]], dtype=str)
-                   if manifest["blobs"] else np.zeros(0, "<U1"))
-
-
-# -- managers -----------------------------------------------------------------------
 
 class MetadataHandler:
     """Hooks a manager calls about its checkpoints (a database of them,
@@ -186,7 +101,7 @@ class _Manager:
         return self._db_prefix
 
     def get_ckpt_db_name(self, node_name, epoch):
-        return os.path.join(self._db_prefix, f"{node_name}.{epoch}")
+        return checkpoint_path(self._db_prefix, node_name, epoch)
 
     def _checkpointed(self):
         if self._nodes is None:
@@ -316,9 +231,9 @@ class _Manager:
             names = os.listdir(self._db_prefix)
         except OSError:
             return []
-        found = (_EPOCH_FILE.match(n) for n in names if PARTIAL not in n)
-        return [{"node": m["node"], "epoch": int(m["epoch"])}
-                for m in found if m]
+        found = (parse_name(n) for n in names)
+        return [{"node": f.node, "epoch": f.epoch} for f in found
+                if f is not None and f.exact]
 
     def _epoch_valid(self, epoch):
         nodes = self._nodes_for_files()

@@ -25,7 +25,6 @@ import inspect
 import threading
 
 from ..errors import PlanError
-from ..runtime.clock import REAL_TIME
 
 __all__ = ["register_op", "OpSchema", "OpContext", "lookup", "op_names",
            "close_matches"]
@@ -79,28 +78,27 @@ class OpContext:
 
     ``clock`` is the clock of the run in progress (real time, or a
     deterministic schedule's virtual time): a kernel that reads the time
-    or waits uses it (see `localcluster.runtime.clock`)."""
+    or waits uses it.  The runtime makes one per run (``run``: what holds
+    the run's ``clock``, see `localcluster.runtime.clock`); the kernels
+    only read it, so this layer needs nothing of the runtime."""
 
     __slots__ = ("node", "lock", "cancelled", "resources", "op", "run")
 
-    def __init__(self, node, lock, cancelled, resources=None, op=None,
-                 run=None):
+    def __init__(self, node, lock, cancelled, run, resources=None, op=None):
         self.node = node
         self.lock = lock            # node-wide: atomic counter ops
         self.cancelled = cancelled  # threading.Event set when the run stops
+        self.run = run              # what holds the run's ``clock``
         self.resources = resources if resources is not None else {}
         self.op = op                # the op being run (names, arguments)
-        self.run = run              # what holds the run's ``clock``
 
     @property
     def clock(self):
-        if self.run is None:
-            return REAL_TIME
         return self.run.clock
 
     def for_op(self, op):
-        return OpContext(self.node, self.lock, self.cancelled,
-                         self.resources, op, self.run)
+        return OpContext(self.node, self.lock, self.cancelled, self.run,
+                         self.resources, op)
 
 
 def _keyword_names(kernel):

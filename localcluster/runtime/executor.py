@@ -74,9 +74,8 @@ class RunContext:
         self.node = node
         self.cancelled = cancelled if cancelled is not None \
             else CancelEvent()
-        self.op_context = OpContext(node, lock, self.cancelled,
-                                    resources if resources is not None else {},
-                                    run=self)
+        self.op_context = OpContext(node, lock, self.cancelled, self,
+                                    resources if resources is not None else {})
         self._compiled = {}
         self._compile_lock = threading.Lock()
         self.trace = None   # a list: the run records its step spans there

@@ -1,0 +1,101 @@
+"""What a file named like a checkpoint is: `classify` says whether it is
+the checkpoint its name promises (``whole``), the torn or corrupted rest
+of one (``torn``, with the reason), or another program's or another
+node's or epoch's file (``foreign``) -- so that a listing or a prune of a
+checkpoint directory never parses zip headers or error texts itself, and
+never takes (or removes) a file that is not the run's.
+"""
+
+import json
+import os
+import stat
+import struct
+import zipfile
+
+from ..errors import CheckpointError
+from .fileformat import FORMAT, MANIFEST, read_manifest, verify_checkpoint
+
+__all__ = ["WHOLE", "TORN", "FOREIGN", "Verdict", "classify",
+           "is_checkpoint"]
+
+WHOLE, TORN, FOREIGN = "whole", "torn", "foreign"
+
+
+class Verdict:
+    """``kind`` (`WHOLE`, `TORN` or `FOREIGN`) and ``reason`` (None when
+    whole): what is wrong, in a few words."""
+
+    __slots__ = ("kind", "reason")
+
+    def __init__(self, kind, reason=None):
+        self.kind, self.reason = kind, reason
+
+    def __repr__(self):
+        return f"Verdict({self.kind!r}, {self.reason!r})"
+
+
+def classify(path, node, epoch, quick=False):
+    """The `Verdict` of ``path`` as ``node``'s checkpoint of ``epoch``.
+    ``quick``: read the manifest only (a flipped bit in the data goes
+    unseen); else every byte is checked (CRC-32)."""
+    try:
+        manifest = read_manifest(path)
+    except CheckpointError as exc:
+        if _torn_checkpoint(path):
+            return Verdict(TORN, exc.reason)
+        return Verdict(FOREIGN, "not a localcluster checkpoint")
+    wrong_node = "node" in manifest and manifest["node"] != node
+    wrong_epoch = "epoch" in manifest and manifest["epoch"] != epoch
+    if wrong_node or wrong_epoch:
+        return Verdict(FOREIGN, f"of node {manifest.get('node')!r}, "
+                                f"epoch {manifest.get('epoch')!r}")
+    if not quick:
+        try:
+            verify_checkpoint(path, node=node, epoch=epoch)
+        except CheckpointError as exc:
+            return Verdict(TORN, exc.reason)
+    return Verdict(WHOLE)
+
+
+def is_checkpoint(path):
+    """Whether ``path`` holds a localcluster manifest (of any node)."""
+    try:
+        read_manifest(path)
+    except CheckpointError:
+        return False
+    return True
+
+
+def _torn_checkpoint(path):
+    """Whether ``path``, unreadable as a checkpoint, is the rest of one:
+    a zip that holds a localcluster manifest member, or -- its end cut
+    off -- one that starts with a blob (``.npy``) or manifest member."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        with open(path, "rb") as f:
+            try:
+                with zipfile.ZipFile(f) as zf:
+                    return MANIFEST in zf.namelist() and \
+                        _manifest_format(zf) in (None, FORMAT)
+            except (zipfile.BadZipFile, ValueError, OSError, EOFError):
+                pass
+            f.seek(0)
+            head = f.read(30)
+            if len(head) < 30 or head[:4] != b"PK\x03\x04":
+                return False
+            length = struct.unpack("<H", head[26:28])[0]
+            first = f.read(length).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return first.endswith(".npy") or first == MANIFEST
+
+
+def _manifest_format(zf):
+    """The ``format`` a zip's manifest names; None if it cannot be read
+    (a damaged one, which does not say it is another program's)."""
+    try:
+        manifest = json.loads(zf.read(MANIFEST))
+    except Exception:  # noqa: BLE001 -- whatever a damaged member raises
+        return None
+    return manifest.get("format") if isinstance(manifest, dict) else ""
