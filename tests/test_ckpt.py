@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from localcluster.cli import ckpt
-from localcluster.cli.rundir.scan import prune, scan
+from localcluster.cli.rundir.prune import prune
+from localcluster.cli.rundir.scan import scan
 from localcluster.cli.cleanup import cleanup
 from localcluster.cli.rundir.directory import (LOCK_FILE, RUN_FILE, TEMP_PREFIX,
                                                DirLock)

@@ -25,9 +25,10 @@ import json
 import os
 import sys
 
-from .rundir.scan import in_use, is_run_dir, prune_plan, remove, run_dirs, scan
+from .rundir.prune import prune_plan, remove
+from .rundir.scan import is_run_dir, run_dirs, scan
 from .args import OneLineParser
-from .rundir.directory import DirLock
+from .rundir.directory import DirLock, in_use
 from .jobspec import RunFailure, UsageError, first_line
 
 __all__ = ["main", "parser"]

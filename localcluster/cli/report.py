@@ -27,7 +27,6 @@ import base64
 import hashlib
 import os
 import sys
-import tempfile
 import time
 
 from .version import __version__
@@ -35,11 +34,12 @@ from .args import OneLineParser
 from .rundir.directory import saved_options
 from .rundir.metrics import METRICS_FILE, read_metrics
 from .htmlreport.data import build
+from .htmlreport.charts import (metric_cards, process_cards, seconds_card,
+                                simulated_card, throughput_card)
 from .htmlreport.page import (checkpoints_card, epoch_tables, header,
-                              metric_cards, options_card, process_cards,
-                              restarts_card, runs_card, seconds_card,
-                              simulated_card, throughput_card)
+                              options_card, restarts_card, runs_card)
 from .htmlreport.svg import esc
+from ..checkpoint.atomic import atomic_write
 
 __all__ = ["render", "write_report", "find_metrics", "main", "REPORT_FILE"]
 
@@ -197,19 +197,7 @@ def write_report(records_or_dir, path, title=None):
 
 def _write(page, path):
     """Write ``page`` to ``path`` atomically (never a half page there)."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
-                               prefix=".report-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write(path, lambda f: f.write(page), mode=0o644, binary=False)
     return path
 
 

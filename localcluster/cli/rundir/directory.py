@@ -27,18 +27,19 @@ import json
 import logging
 import os
 import re
-import tempfile
+import stat
 
 from ..jobspec import DEFAULT_JOB, JOB_OPTIONS, RunFailure, UsageError
 from .metrics import METRICS_FILE
-from ...checkpoint.fileformat import (PARTIAL, read_manifest,
-                                      remove_partials_under)
-from ...errors import CheckpointError
+from ...checkpoint.atomic import atomic_write
+from ...checkpoint.names import parse_name
+from ...checkpoint.partials import PARTIAL, remove_partials_under
+from ...checkpoint.state import is_checkpoint
 
 __all__ = ["RUN_FILE", "LOCK_FILE", "TEMP_PREFIX", "DirLock", "make_dir",
            "run_files", "check_fresh", "clear_run", "saved_options",
            "save_options", "restore_options", "sweep_leftovers",
-           "is_run_file", "discard_if_unused", "read_pid"]
+           "is_run_file", "discard_if_unused", "read_pid", "in_use"]
 
 log = logging.getLogger("localcluster.run")
 
@@ -46,7 +47,6 @@ RUN_FILE = "localcluster-run.json"
 LOCK_FILE = "localcluster-run.lock"
 #: the prefix of the temporary directories runs without --checkpoint-dir use
 TEMP_PREFIX = "localcluster-ckpt-"
-_CHECKPOINT = re.compile(r"^(?P<node>.+)\.(?P<epoch>\d+)$")
 #: a run file being written: ``localcluster-run.json.<random>.tmp``
 _RUN_FILE_TMP = re.compile(re.escape(RUN_FILE) + r"(\.[^.]+)?\.tmp$")
 
@@ -145,6 +145,32 @@ def _same_file(fd, path):
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
+def in_use(directory):
+    """``(held, pid)``: whether a live run holds the directory's lock, and
+    its pid if the lock file says.  Tested with a shared lock on a fresh
+    descriptor, released at once: the holder is not disturbed (a run
+    starting in that instant is refused, as by any other holder)."""
+    try:
+        fd = os.open(os.path.join(directory, LOCK_FILE),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK |
+                     os.O_CLOEXEC)
+    except OSError:
+        return False, None  # no lock file: no run holds it
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False, None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return True, read_pid(fd)
+            return False, None  # a filesystem without flock: no run either
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False, None
+    finally:
+        os.close(fd)
+
+
 def read_pid(fd):
     """The pid a run wrote into its lock file ``fd``, or None."""
     try:
@@ -168,11 +194,8 @@ def run_files(directory):
     for name in names:
         if PARTIAL in name:
             found.append(name)
-        elif _CHECKPOINT.match(name):
-            try:
-                read_manifest(os.path.join(directory, name))
-            except CheckpointError:
-                continue
+        elif parse_name(name) is not None and \
+                is_checkpoint(os.path.join(directory, name)):
             found.append(name)
     return found
 
@@ -262,18 +285,8 @@ def save_options(directory, job, values):
     """Record the job and its option values, atomically: a run interrupted
     while writing leaves the old file, and no temporary one."""
     saved = {"job": job, **{k: values.get(k) for k in JOB_OPTIONS}}
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=RUN_FILE + ".",
-                               suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(saved, f, indent=1)
-        os.replace(tmp, os.path.join(directory, RUN_FILE))
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write(os.path.join(directory, RUN_FILE),
+                 lambda f: json.dump(saved, f, indent=1), binary=False)
 
 
 def restore_options(args, saved, directory):

@@ -22,7 +22,7 @@ from ..rundir.directory import is_run_file
 from ..conditions import session_options
 from .failure import describe, resume_hint
 from ..jobspec import DEFAULT_JOB, UsageError, job_nodes
-from ..rundir.scan import prune
+from ..rundir.prune import prune
 from .epochs import EpochWatch, short_names
 from .logs import MasterLog, log_options
 from ..rundir.metrics import MetricsLog, json_safe

@@ -18,6 +18,7 @@ import stat
 import tempfile
 
 from ..jobspec import UsageError
+from ...checkpoint.atomic import atomic_write, unlink_quietly
 
 __all__ = ["TraceFile", "chrome_trace"]
 
@@ -28,10 +29,8 @@ class TraceFile:
     def __init__(self, path):
         self.path = path
         self.directory = os.path.dirname(os.path.abspath(path))
-        self._made = []
         self._check_kind()
-        self._temporary()[1].close()  # a file can be made there
-        self._remove_temporaries()
+        self._probe()
 
     def _check_kind(self):
         try:
@@ -49,7 +48,8 @@ class TraceFile:
                 "replaces the file at its path; give the path of a regular "
                 "file (or of none yet)")
 
-    def _temporary(self):
+    def _probe(self):
+        """A file can be made where the trace goes (made and removed)."""
         try:
             fd, tmp = tempfile.mkstemp(
                 dir=self.directory,
@@ -60,34 +60,20 @@ class TraceFile:
                 f"--trace {self.path} cannot be written: no file can be made "
                 f"in {self.directory} ({exc.strerror}); give a path in a "
                 "writable directory") from exc
-        self._made.append(tmp)
-        return tmp, os.fdopen(fd, "w")
-
-    def _remove_temporaries(self):
-        for tmp in self._made:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-        self._made = []
+        os.close(fd)
+        unlink_quietly(tmp)
 
     def write(self, trace):
         """Write ``trace`` (a JSON-able dict) to the file; `OSError` (its
         message one line naming the file) if it cannot be."""
         try:
-            tmp, f = self._temporary()
-            with f:
-                json.dump(trace, f)
-            self._check_kind()  # still a regular file, or none
-            os.replace(tmp, self.path)
-            self._made = []
-        except UsageError as exc:
+            atomic_write(self.path, lambda f: json.dump(trace, f),
+                         binary=False, before_replace=self._check_kind)
+        except UsageError as exc:  # no longer a regular file, or none
             raise OSError(str(exc)) from None
         except OSError as exc:
             raise OSError(f"--trace {self.path} could not be written: "
                           f"{exc.strerror or exc}") from exc
-        finally:
-            self._remove_temporaries()
 
 
 def _kind(mode):
