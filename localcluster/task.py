@@ -14,7 +14,9 @@ the last one ends.  `TaskGroup.node_plans` folds a group into one
 `TaskGroup.tasks_by_node` into one grouped Task per node.  The folding
 itself (setup and reporters lifted out of the nets they were attached to)
 is `localcluster.plan.grouping`: this module hands it plain values (names,
-steps, outputs) and wraps what comes back.
+steps, outputs) and wraps what comes back.  A group's rules that need no
+Task -- one workspace type, unique task names, reporters, folding once --
+are its `localcluster.plan.group_plan.GroupPlan`.
 
 Building a Node (``Node(...)``, which ``Task(node=...)`` does) registers
 it with the current Cluster, and building a Task takes its name in the
@@ -27,12 +29,11 @@ import weakref
 
 from .context import DefaultManaged, Managed, build_scope
 from .errors import PlanError
-from .plan.net import Net
 from .plan.task_output import TaskOutput
 from .plan.builder import NetBuilder
 from .plan.conditions import Link, as_conditions
-from .plan.grouping import (TaskPlan, fold_by_node, grouped_task_name,
-                            task_step, to_node_plans)
+from .plan.group_plan import GroupPlan, as_node_plans, periodic_step
+from .plan.grouping import TaskPlan, grouped_task_name, task_step
 from .plan.node_plan import (NodePlan, WorkspaceType, as_workspace_type,
                               check_node_name, check_node_options)
 from .plan.setup import (LOCAL_SETUP, REPORT_STEP, TASK_INSTANCE_SETUP,
@@ -265,12 +266,7 @@ class Task(Managed):
 def _unique_task_name(node, group, name):
     base = f"{node}/{name}"
     if group is not None:
-        used = group._names
-        candidate, i = base, 0
-        while candidate in used:
-            i += 1
-            candidate = f"{base}:{i}"
-        return candidate
+        return group._plan.task_name(base)
     scope = build_scope()
     return scope.unique("task", base, "{}:{}") if scope else base
 
@@ -281,20 +277,17 @@ class TaskGroup(Managed):
     LOCAL_SETUP = LOCAL_SETUP
 
     def __init__(self, workspace_type=None):
-        self._workspace_type = as_workspace_type(workspace_type, "TaskGroup")
+        # workspace type, task names, reporters, the folding: plain plan
+        self._plan = GroupPlan(workspace_type)
         self._tasks = []
         self._tasks_to_add = []
         self._members = set()  # ids of the tasks of both lists
-        self._names = set()    # their names (a new task's must differ)
-        self._report_steps = []
-        self._report_nets = {}
         self._remote_nets = []
-        self._fixed = None     # see _fix
         self._grouped = None   # the TaskGroup tasks_by_node returns
         self._used = False
 
     def __repr__(self):
-        return (f"TaskGroup({self._workspace_type}, "
+        return (f"TaskGroup({self._plan.workspace_type}, "
                 f"{self.num_registered_tasks()} tasks)")
 
     def _assert_not_used(self):
@@ -310,20 +303,11 @@ class TaskGroup(Managed):
         self._assert_not_used()
         if not isinstance(task, Task):
             raise PlanError(f"TaskGroup.add needs a Task, got {task!r}")
-        if (self._workspace_type is not None and task._workspace_type
-                is not None and self._workspace_type != task._workspace_type):
-            raise PlanError(
-                f"task {task.name!r} is {task._workspace_type} but its group "
-                f"is {self._workspace_type}; a group's tasks share one "
-                "workspace type")
-        if task._workspace_type is None:
-            task._workspace_type = self._workspace_type or \
-                WorkspaceType.PRIVATE
-        if self._workspace_type is None:
-            self._workspace_type = task._workspace_type
+        task._workspace_type = self._plan.join(task._workspace_type,
+                                               task.name)
         if id(task) not in self._members:
             self._members.add(id(task))
-            self._names.add(task.name)
+            self._plan.add_task(task.name)
             self._tasks_to_add.append(task)
         task.group = self
         return task
@@ -344,35 +328,26 @@ class TaskGroup(Managed):
         return used
 
     def workspace_type(self):
-        return self._workspace_type or WorkspaceType.PRIVATE
+        return self._plan.workspace_type or WorkspaceType.PRIVATE
 
     def settle_workspace_type(self, default):
         """The group's workspace type -- ``default`` if neither the group
         nor a task of it has chosen one yet (then it is fixed)."""
-        if self._workspace_type is None:
-            self._workspace_type = as_workspace_type(default, "TaskGroup")
-        return self._workspace_type
+        return self._plan.settle(default)
 
     def report_step(self, step=None, node=None, interval_ms=1000):
         """Run ``step`` on ``node`` every ``interval_ms`` while the group runs
         there, and once after its tasks end."""
         self._assert_not_used()
-        step = to_execution_step(step if step is not None else [])
-        step = step.replace(run_every_ms=int(interval_ms))
-        self._report_steps.append((str(Node.current(_node(node))), step))
-        return step
+        step = periodic_step(step, interval_ms)
+        return self._plan.add_report_step(str(Node.current(_node(node))),
+                                          step)
 
     def report_net(self, net=None, node=None, report_interval=5):
         """A net run every ``report_interval`` seconds on ``node`` (one per
         node; call again with no net to get it)."""
-        node = str(Node.current(_node(node)))
-        if net is not None and node in self._report_nets:
-            raise PlanError(f"node {node!r} already has a report net")
-        if node not in self._report_nets:
-            self._report_nets[node] = (net if net is not None
-                                       else Net(f"{node}/reporter"),
-                                       report_interval)
-        return self._report_nets[node][0]
+        return self._plan.report_net(str(Node.current(_node(node))), net,
+                                     report_interval)
 
     def add_remote_net(self, net):
         self._remote_nets.append(net)
@@ -394,16 +369,15 @@ class TaskGroup(Managed):
     def grouped_view(self, node_map=None):
         """What `tasks_by_node` returns, without fixing the group (nor its
         tasks): for showing and checking a plan that may still change."""
-        folded = self._fold(self._all_tasks(), Task.planned_step, node_map)
+        folded = self._plan.fold(
+            _task_plans(self._all_tasks(), Task.planned_step), node_map,
+            repr(self))
         return self._grouped_tasks(folded, self.workspace_type())
 
     def node_plans(self):
         """The `NodePlan` of every node (what a session sends to nodes);
         fixes the group as `tasks_by_node` does."""
-        folded, workspace_type = self._fix(None)
-        return to_node_plans(
-            [p._replace(outputs=[n for o in p.outputs for n in o.names])
-             for p in folded], workspace_type)
+        return as_node_plans(*self._fix(None))
 
     def _fix(self, node_remap):
         """(per-node TaskPlans, workspace type): the group folded once and
@@ -411,27 +385,10 @@ class TaskGroup(Managed):
         tasks = self.tasks()
         node_map = {t.node: (node_remap(t.node) if node_remap else t.node)
                     for t in tasks}
-        if self._fixed is not None:
-            folded, previous_map, workspace_type = self._fixed
-            if previous_map != node_map:
-                raise PlanError(
-                    f"{self!r} was already grouped with another node_remap")
-            return folded, workspace_type
-        self._used = True
-        folded = self._fold(tasks, Task.get_step, node_map)
-        self._fixed = (folded, node_map, self.workspace_type())
-        return folded, self._fixed[2]
-
-    def _fold(self, tasks, full_step, node_map):
-        """`fold_by_node` of ``tasks``, each's step given by ``full_step``
-        (`Task.get_step` to fix them, `Task.planned_step` only to look)."""
-        tasks = [TaskPlan(t.node, full_step(t), tuple(t.outputs()),
-                          t.node_kwargs) for t in tasks]
-        report_steps = list(self._report_steps) + [
-            (node, to_execution_step(net).replace(
-                run_every_ms=max(1, int(interval * 1000))))
-            for node, (net, interval) in self._report_nets.items()]
-        return fold_by_node(tasks, report_steps, node_map, owner=repr(self))
+        self._used = True   # from now on (already, if fixed before)
+        return self._plan.fix(node_map,
+                              lambda: _task_plans(tasks, Task.get_step),
+                              repr(self))
 
     @staticmethod
     def _grouped_tasks(folded, workspace_type):
@@ -451,6 +408,13 @@ def _node(node):
     if node is None or isinstance(node, Node):
         return node
     return Node(node)
+
+
+def _task_plans(tasks, full_step):
+    """The `TaskPlan` of each of ``tasks``, its step given by ``full_step``
+    (`Task.get_step` to fix them, `Task.planned_step` only to look)."""
+    return [TaskPlan(t.node, full_step(t), tuple(t.outputs()), t.node_kwargs)
+            for t in tasks]
 
 
 def final_output(blob_or_record):

@@ -37,27 +37,24 @@ smallest: a check raises `JobCheckFailed` with it and one line of Python
 that replays it (for a ``build`` importable by its module and name).
 Enumerating, not drawing at random, keeps a check deterministic: the same
 job gives the same verdict on every machine and in every CI run.
+
+This module is the checks' logic: what each runs and in which order.
+How a run is made -- a fresh job, a session of a kind, the blobs it ends
+with -- is `._check_runs`; how two runs are compared and a failure
+replayed, `._check_verdicts`.
 """
 
-import importlib.util
 import inspect
-import itertools
-import os
 import shutil
-import tempfile
-
-import numpy as np
 
 from ..errors import NodeFailedError
-from ..job import Job, JobRunner, epoch_limiter
-from ..checkpoint.manager import MultiNodeCheckpointManager
 from ..plan.faults import Epoch, FaultPlan, Kill
 from ..sessions.local import LocalSession
-from ..sessions.localhost import LocalHostScheduler
 from ..runtime.schedule import Schedule
-from ..task import Node
 from ._check_conditions import (CheckConditions, bind, session_kwargs,
                                 under, with_conditions)
+from ._check_runs import SESSION_KINDS, Scratch, make_job, reference, train
+from ._check_verdicts import difference, replay
 
 __all__ = ["check_job", "sessions_agree", "resume_equals_uninterrupted",
            "restart_recovers", "schedule_independent", "ALL_CHECKS",
@@ -66,17 +63,6 @@ __all__ = ["check_job", "sessions_agree", "resume_equals_uninterrupted",
 #: virtual seconds per op of `schedule_independent`'s runs under
 #: conditions: ops take time, so a `Slowdown` changes the interleaving
 OP_SECONDS = 1e-6
-
-def _ray_session(**kwargs):
-    from ..sessions.ray import RaySession
-    return RaySession(**kwargs)
-
-
-#: session kind -> factory of a session taking ``faults=`` (ray: when
-#: the extra is installed; a check's Ray sessions share warm actors)
-SESSION_KINDS = {"local": LocalSession, "localhost": LocalHostScheduler}
-if importlib.util.find_spec("ray") is not None:
-    SESSION_KINDS["ray"] = _ray_session
 
 
 class JobCheckFailed(AssertionError):
@@ -92,150 +78,6 @@ class JobCheckFailed(AssertionError):
         self.replay = replay
 
 
-# -- building and training ----------------------------------------------------
-
-def _build(build, max_epochs):
-    """``(job, options)`` from ``build()``, capped at ``max_epochs``."""
-    made = build()
-    job, options = made if isinstance(made, tuple) else (made, {})
-    if not isinstance(job, Job) or not isinstance(options, dict):
-        raise TypeError(f"build() must return a Job or (job, options), got "
-                        f"{made!r}")
-    if max_epochs is not None:
-        with Node(job.nodes_to_checkpoint()[0]):
-            epoch_limiter(job, max_epochs)
-    return job, options
-
-
-def _final(session, job):
-    """``{node: {blob: array}}`` of the job's checkpointed nodes."""
-    out = {}
-    for node in job.nodes_to_checkpoint():
-        out[node] = {}
-        for name in session.blobs(node):
-            value = session.fetch_blob(name, node)
-            if not value.dtype.hasobject:
-                out[node][name] = value
-    return out
-
-
-def _train(build, session, directory, *, max_epochs=None, timeout=None,
-           resume=None, max_restarts=0):
-    """Train a fresh job; ``(final blobs, last epoch, options)``."""
-    job, options = _build(build, max_epochs)
-    runner = JobRunner(job, MultiNodeCheckpointManager(directory),
-                       resume_from_epoch=resume, max_restarts=max_restarts,
-                       on_checkpoint_error=options.get("on_checkpoint_error",
-                                                       "warn"),
-                       timeout=timeout)
-    last = runner.train(session)
-    return _final(session, job), last, options
-
-
-def _difference(expected, got, options):
-    """One line saying where ``got`` differs from ``expected``, or None."""
-    rtol, atol = options.get("rtol"), options.get("atol")
-    for node in sorted(set(expected) | set(got)):
-        want, have = expected.get(node, {}), got.get(node, {})
-        if set(want) != set(have):
-            return (f"node {node!r} has blobs {sorted(have)}, expected "
-                    f"{sorted(want)}")
-        for name in sorted(want):
-            a, b = want[name], have[name]
-            if a.shape != b.shape or a.dtype != b.dtype:
-                return (f"blob {name!r} on node {node!r} is {b.dtype}"
-                        f"{list(b.shape)}, expected {a.dtype}{list(a.shape)}")
-            if (rtol is None and atol is None) or a.dtype.kind not in "fc":
-                same = np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
-            else:
-                same = np.allclose(a, b, rtol=rtol or 0.0, atol=atol or 0.0,
-                                   equal_nan=True)
-            if not same:
-                return (f"blob {name!r} on node {node!r} is {_short(b)}, "
-                        f"expected {_short(a)}")
-    return None
-
-
-def _short(value):
-    return np.array2string(np.asarray(value), threshold=8, precision=6)
-
-
-def _name_of(build):
-    """``(module to import, expression)`` naming ``build`` in a replay
-    line: a function by its module and name, a value with a
-    ``replay_import`` attribute by its repr."""
-    if hasattr(build, "replay_import"):
-        return build.replay_import, repr(build)
-    module = getattr(build, "__module__", None)
-    name = getattr(build, "__qualname__", None)
-    if module and name and "<" not in name:
-        return module, f"{module}.{name}"
-    return None, "build"
-
-
-def _replay(check, build, **kwargs):
-    """``import mod; from localcluster.testing import ...; check(...)``."""
-    args = "".join(f", {k}={v!r}" for k, v in kwargs.items()
-                   if v is not None)
-    names = [check]
-    for fault in kwargs.get("faults") or ():
-        names += [type(fault).__name__, type(fault.at).__name__]
-    names += [type(c).__name__ for c in kwargs.get("conditions") or ()]
-    module, target = _name_of(build)
-    head = f"import {module}; " if module else ""
-    return (f"{head}from localcluster.testing import "
-            f"{', '.join(dict.fromkeys(names))}; {check}({target}{args})")
-
-
-class _Scratch:
-    """What one check uses and ends with it: a temporary directory for
-    checkpoints, and -- for ray sessions -- Ray (started here unless it
-    runs already) with a pool of warm actors the check's sessions share
-    (starting an actor takes most of a second)."""
-
-    def __enter__(self):
-        self.path = tempfile.mkdtemp(prefix="localcluster-check-")
-        self._made = itertools.count()
-        self._ray = None
-        return self
-
-    def __exit__(self, *exc):
-        if self._ray is not None:
-            pool, owned = self._ray
-            pool.close()
-            if owned:
-                import ray
-                ray.shutdown()
-        shutil.rmtree(self.path, ignore_errors=True)
-
-    def session(self, kind, **kwargs):
-        """A new session of ``kind``."""
-        try:
-            factory = SESSION_KINDS[kind]
-        except KeyError:
-            raise ValueError(f"unknown session kind {kind!r}; known: "
-                             f"{sorted(SESSION_KINDS)}") from None
-        if kind == "ray":
-            if self._ray is None:
-                from ..sessions.ray import ActorPool, connect
-                owned = connect()
-                self._ray = (ActorPool(), owned)
-            kwargs["pool"] = self._ray[0]
-        return factory(**kwargs)
-
-    def sub(self, label):
-        """A new directory name under the scratch directory."""
-        return os.path.join(self.path, f"{label}-{next(self._made)}")
-
-
-def _reference(build, scratch, kind, **kw):
-    """``(final blobs, last epoch, options, checkpoint dir)`` of an
-    uninterrupted run under ``kind``."""
-    directory = scratch.sub(f"reference-{kind}")
-    with scratch.session(kind) as session:
-        return _train(build, session, directory, **kw) + (directory,)
-
-
 # -- the checks ---------------------------------------------------------------
 
 def sessions_agree(build, *, sessions=("local", "localhost"),
@@ -248,26 +90,26 @@ def sessions_agree(build, *, sessions=("local", "localhost"),
     does under the first kind without them."""
     kinds = tuple(sessions)
     conds = CheckConditions(conditions, "sessions_agree")
-    with _Scratch() as scratch:
+    with Scratch() as scratch:
         def run(kind, cs):
             with scratch.session(kind, **session_kwargs(cs)) as session:
-                return _train(build, session, scratch.sub(kind),
-                              max_epochs=max_epochs, timeout=timeout)
+                return train(build, session, scratch.sub(kind),
+                             max_epochs=max_epochs, timeout=timeout)
 
         first = kinds[0]
         expected, _, options = run(first, None)
 
         def case(kind, cs):
-            diff = _difference(expected, run(kind, cs)[0], options)
+            diff = difference(expected, run(kind, cs)[0], options)
             if diff:
                 raise JobCheckFailed(
                     "sessions_agree", f"{kind}{under(cs)} differs from "
                     f"{first}{'' if cs is None else ' without them'}: "
                     f"{diff}",
                     with_conditions({"sessions": (first, kind)}, cs),
-                    _replay("sessions_agree", build,
-                            sessions=(first, kind),
-                            conditions=cs, max_epochs=max_epochs))
+                    replay("sessions_agree", build,
+                           sessions=(first, kind),
+                           conditions=cs, max_epochs=max_epochs))
 
         examples = conds.examples(max_examples if conds.strategy is not None
                                    else 1)
@@ -287,9 +129,9 @@ def resume_equals_uninterrupted(build, *, sessions=("local",), epochs=None,
     does.  ``conditions``: the resumed runs are under them (one draw per
     epoch for a strategy); the uninterrupted run is not."""
     conds = CheckConditions(conditions, "resume_equals_uninterrupted")
-    with _Scratch() as scratch:
+    with Scratch() as scratch:
         for kind in sessions:
-            expected, last, options, source = _reference(
+            expected, last, options, source = reference(
                 build, scratch, kind, max_epochs=max_epochs, timeout=timeout)
 
             def case(epoch, cs, kind=kind, expected=expected,
@@ -297,20 +139,20 @@ def resume_equals_uninterrupted(build, *, sessions=("local",), epochs=None,
                 copy = scratch.sub(f"resume-{kind}-{epoch}")
                 shutil.copytree(source, copy)
                 with scratch.session(kind, **session_kwargs(cs)) as session:
-                    final, _, _ = _train(build, session, copy, resume=epoch,
-                                         max_epochs=max_epochs,
-                                         timeout=timeout)
+                    final, _, _ = train(build, session, copy, resume=epoch,
+                                        max_epochs=max_epochs,
+                                        timeout=timeout)
                 shutil.rmtree(copy, ignore_errors=True)
-                diff = _difference(expected, final, options)
+                diff = difference(expected, final, options)
                 if diff:
                     raise JobCheckFailed(
                         "resume_equals_uninterrupted",
                         f"resumed from epoch {epoch} under {kind}"
                         f"{under(cs)}, the job ends differently: {diff}",
                         with_conditions({"epoch": epoch, "session": kind}, cs),
-                        _replay("resume_equals_uninterrupted", build,
-                                sessions=(kind,), epochs=[epoch],
-                                conditions=cs, max_epochs=max_epochs))
+                        replay("resume_equals_uninterrupted", build,
+                               sessions=(kind,), epochs=[epoch],
+                               conditions=cs, max_epochs=max_epochs))
 
             tried = list(range(last + 1) if epochs is None
                          else sorted(epochs))
@@ -328,14 +170,14 @@ def restart_recovers(build, *, sessions=("local", "localhost"), faults=None,
     ``conditions``: the runs with a kill are under them (one draw per
     kill for a strategy); the uninterrupted runs are not."""
     conds = CheckConditions(conditions, "restart_recovers")
-    with _Scratch() as scratch:
-        references = {kind: _reference(build, scratch, kind,
-                                       max_epochs=max_epochs,
-                                       timeout=timeout)
+    with Scratch() as scratch:
+        references = {kind: reference(build, scratch, kind,
+                                      max_epochs=max_epochs,
+                                      timeout=timeout)
                       for kind in sessions}
         if faults is None:
             last = min(ref[1] for ref in references.values())
-            nodes = _build(build, None)[0].nodes_to_checkpoint()
+            nodes = make_job(build, None)[0].nodes_to_checkpoint()
             faults = [Kill(node, at=Epoch(k)) for k in range(1, last + 1)
                       for node in nodes][:max_examples]
         for fault, cs in zip(faults, conds.examples(len(faults))):
@@ -352,22 +194,22 @@ def _restart_case(build, kind, fault, expected, options, scratch,
         raise JobCheckFailed(
             "restart_recovers", f"under {kind}{under(cs)}, {message}",
             with_conditions({"fault": fault, "session": kind}, cs),
-            _replay("restart_recovers", build, sessions=(kind,),
-                    faults=[fault], conditions=cs, max_epochs=max_epochs))
+            replay("restart_recovers", build, sessions=(kind,),
+                   faults=[fault], conditions=cs, max_epochs=max_epochs))
 
     extra = session_kwargs(cs)
     with scratch.session(kind, faults=FaultPlan(fault), **extra) as session:
-        final, _, _ = _train(build, session, scratch.sub("restart"),
-                             max_epochs=max_epochs, timeout=timeout,
-                             max_restarts=1)
-    diff = _difference(expected, final, options)
+        final, _, _ = train(build, session, scratch.sub("restart"),
+                            max_epochs=max_epochs, timeout=timeout,
+                            max_restarts=1)
+    diff = difference(expected, final, options)
     if diff:
         fail(f"after {fault!r} and a restart the job ends differently: "
              f"{diff}")
     with scratch.session(kind, faults=FaultPlan(fault), **extra) as session:
         try:
-            _train(build, session, scratch.sub("no-restart"),
-                   max_epochs=max_epochs, timeout=timeout)
+            train(build, session, scratch.sub("no-restart"),
+                  max_epochs=max_epochs, timeout=timeout)
         except NodeFailedError as exc:
             if exc.node != fault.node:
                 fail(f"{fault!r} without restarts raised NodeFailedError "
@@ -393,31 +235,31 @@ def schedule_independent(build, *, seeds=None, conditions=None,
     them, ends differently too."""
     seeds = list(range(max_examples)) if seeds is None else list(seeds)
     conds = CheckConditions(conditions, "schedule_independent")
-    with _Scratch() as scratch:
+    with Scratch() as scratch:
         def run(seed, cs):
             schedule = seed if cs is None else Schedule(
                 seed, op_seconds=op_seconds)
             with LocalSession(schedule=schedule,
                               **session_kwargs(cs)) as session:
-                return _train(build, session, scratch.sub(f"seed-{seed}"),
-                              max_epochs=max_epochs, timeout=timeout)
+                return train(build, session, scratch.sub(f"seed-{seed}"),
+                             max_epochs=max_epochs, timeout=timeout)
 
         first = seeds[0]
         expected, _, options = run(first, None)
 
         def case(seed, cs):
-            diff = _difference(expected, run(seed, cs)[0], options)
+            diff = difference(expected, run(seed, cs)[0], options)
             if diff:
                 raise JobCheckFailed(
                     "schedule_independent",
                     f"schedule seed {seed}{under(cs)} ends differently "
                     f"from seed {first}{'' if cs is None else ' without them'}"
                     f": {diff}", with_conditions({"seeds": (first, seed)}, cs),
-                    _replay("schedule_independent", build,
-                            seeds=list(dict.fromkeys((first, seed))),
-                            conditions=cs, op_seconds=None if cs is None or
-                            op_seconds == OP_SECONDS else op_seconds,
-                            max_epochs=max_epochs))
+                    replay("schedule_independent", build,
+                           seeds=list(dict.fromkeys((first, seed))),
+                           conditions=cs, op_seconds=None if cs is None or
+                           op_seconds == OP_SECONDS else op_seconds,
+                           max_epochs=max_epochs))
 
         examples = conds.examples(len(seeds))
         try:
@@ -436,7 +278,7 @@ def _blame(failed, run, expected, options):
     """``failed`` saying whether its seed alone, without its conditions,
     ends differently too."""
     first, seed = failed.counterexample["seeds"]
-    alone = _difference(expected, run(seed, [])[0], options)
+    alone = difference(expected, run(seed, [])[0], options)
     blame = ("without the conditions that seed ends as the reference: "
              "the result depends on the conditions" if alone is None else
              "that seed ends differently without the conditions too: the "

@@ -33,7 +33,6 @@ anywhere can use::
 """
 
 import contextlib
-import importlib.util
 import multiprocessing
 import os
 import select
@@ -55,27 +54,14 @@ SESSION_FDS = ("pipe:", "socket:", "anon_inode:", "/dev/shm/")
 
 # -- session kinds ------------------------------------------------------------
 
-def _ray_session(**kwargs):
-    from localcluster.sessions.ray import RaySession
-    return RaySession(**kwargs)
-
-
 def session_kinds():
-    """``{kind: factory}`` of every installed session kind (an engine's
-    kind when its module and the engine are there -- found, not imported:
-    pytest starts without importing Ray)."""
-    from localcluster import LocalHostScheduler, LocalSession
-    kinds = {"local": LocalSession, "localhost": LocalHostScheduler}
-    if _findable("ray") and _findable("localcluster.sessions.ray"):
-        kinds["ray"] = _ray_session
-    return kinds
-
-
-def _findable(module):
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
+    """``{kind: factory}`` of every installed session kind, as the one
+    registry (`localcluster.sessions.kinds`) lists them: an engine's kind
+    when its module and the engine are there -- found, not imported:
+    pytest starts without importing Ray.  (Loading the plugin imports
+    nothing of the package: the registry is imported when first asked.)"""
+    from localcluster.sessions.kinds import installed_kinds
+    return installed_kinds()
 
 
 def _selected(config):
@@ -133,8 +119,8 @@ def pytest_collection_modifyitems(config, items):
 # -- fixtures -----------------------------------------------------------------
 
 def _open(kind):
-    if kind == "ray":
-        return _ray_session(pool=_RAY["pool"])
+    if kind == "ray":   # the module's warm actors (see _localcluster_ray)
+        return session_kinds()[kind](pool=_RAY["pool"])
     return session_kinds()[kind]()
 
 
