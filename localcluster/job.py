@@ -37,9 +37,21 @@ from .plan.net import BlobRef, Net
 from .plan.validate import check_seconds
 from .task import Task, TaskGroup, TaskOutput, WorkspaceType
 
-__all__ = ["Job", "JobRunner", "epoch_limiter", "EpochReport", "TrainResult"]
+__all__ = ["Job", "JobRunner", "epoch_limiter", "EpochReport", "TrainResult",
+           "RESTARTABLE", "restartable"]
 
 log = logging.getLogger(__name__)
+
+#: the failures a restart retries: a node that died, and a run past its
+#: timeout (its late nodes are cancelled, or killed, anyway) -- another try
+#: may succeed.  An op that raises, a bad plan or checkpoint would fail
+#: the same way again.
+RESTARTABLE = (NodeFailedError, RunTimeoutError)
+
+
+def restartable(exc):
+    """Whether a restart retries the failure ``exc`` (see `RESTARTABLE`)."""
+    return isinstance(exc, RESTARTABLE)
 
 
 class Job(Managed):
@@ -263,7 +275,7 @@ class JobRunner:
                 result.last_epoch = epoch
                 self._finish(session, epoch)
                 return epoch
-            except (NodeFailedError, RunTimeoutError) as exc:
+            except RESTARTABLE as exc:
                 if len(result.restarts) >= self.max_restarts:
                     raise
                 resume = self._saved

@@ -26,7 +26,6 @@ from localcluster.cli.rundir.metrics import METRICS_FILE, MetricsLog
 from localcluster.cli.jobspec import RunFailure
 from localcluster.checkpoint import MultiNodeCheckpointManager
 from localcluster.checkpoint.fileformat import write_checkpoint
-from localcluster.cli.args import parser as run_parser
 
 NODES = ["a", "b", "c"]
 
@@ -303,8 +302,7 @@ def test_cleanup_removes_gone_temp_runs_with_nothing_to_resume(
     os.symlink(elsewhere, tmp_path / (TEMP_PREFIX + "link"))
     lock = DirLock(str(live)).acquire()
     try:
-        code = cleanup(run_parser().parse_args(["--cleanup", "--json"]),
-                       sys.stderr)
+        code = cleanup(None, True, sys.stderr)  # --cleanup --json
     finally:
         lock.release()
     assert code == 0
@@ -322,7 +320,7 @@ def test_cleanup_says_what_stays_and_how_to_remove_it(tmp_path, monkeypatch,
                                                       capsys):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     write_epochs(tmp_path / (TEMP_PREFIX + "complete"), [0])
-    cleanup(run_parser().parse_args(["--cleanup"]), sys.stdout)
+    cleanup(None, False, sys.stdout)  # --cleanup
     out = capsys.readouterr().out
     assert "1 temporary run directory" in out and "stays" in out
     assert "localcluster.ckpt prune" in out and "rm -r" in out

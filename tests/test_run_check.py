@@ -48,7 +48,7 @@ def test_without_restarts_a_fault_fails_the_run_naming_the_node():
 
 
 @pytest.mark.parametrize("text, says", [
-    ("kill nobody at epoch 1", "'nobody', not a node of the job"),
+    ("kill nobody at epoch 1", "--faults 'nobody' matches no node of the job"),
     ("kill trainer_0 at", "no trigger point"),
     ("", "no fault given"),
 ])

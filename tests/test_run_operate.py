@@ -129,7 +129,7 @@ def test_cpus_pins_the_nodes_it_names(tmp_path):
 
 
 @pytest.mark.parametrize("spec, says", [
-    ("nobody=0", "no node of the job matches 'nobody'"),
+    ("nobody=0", "--cpus 'nobody' matches no node of the job"),
     ("trainer_*=4096", "are not usable here"),
     ("trainer_*=x", "is not a CPU id"),
     ("trainer_*", "is not NODE=CPUS"),

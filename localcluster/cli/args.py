@@ -9,6 +9,7 @@ from .conditions import SIM_OP_SECONDS
 from .cpus import parse_cpus
 from ..plan.conditions import parse_link, parse_seconds, parse_slowdown
 from ..plan.faults import FaultPlan
+from ..sessions.kinds import KINDS
 
 __all__ = ["parser", "OneLineParser", "MAX_NODES", "MAX_EPOCHS", "MAX_THREADS",
            "MAX_RESTARTS", "MAX_SECONDS"]
@@ -116,7 +117,9 @@ def parser():
     p.add_argument("--threads", type=_whole(1, MAX_THREADS),
                    help="hogwild threads per trainer (default 2; 1 makes a "
                         "run bit-for-bit repeatable)")
-    p.add_argument("--session", choices=("localhost", "local", "ray"),
+    # the default first
+    p.add_argument("--session", choices=sorted(KINDS,
+                                               key=lambda k: k != "localhost"),
                    default=None,
                    help="one process per node (default), all in-process, "
                         "or a Ray actor per node")

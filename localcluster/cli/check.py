@@ -17,6 +17,7 @@ import time
 from .conditions import session_options
 
 from .jobspec import DEFAULT_JOB, UsageError, build_job, load_builder
+from .options import JobOptions
 from ..testing import checks as C
 
 __all__ = ["CommandLineJob", "run_checks", "CHECKS"]
@@ -42,20 +43,11 @@ class CommandLineJob:
         return f"localcluster.cli.check.CommandLineJob({self.spec!r}{args})"
 
     def __call__(self):
-        args = _Args(self.options)
-        job, options, _ = build_job(self._builder, args,
-                                    self.spec == DEFAULT_JOB)
+        chosen = JobOptions(
+            job=None if self.spec == DEFAULT_JOB else self.spec,
+            **self.options)
+        job, options, _ = build_job(self._builder, chosen)
         return job, options
-
-
-class _Args:
-    """What `build_job` reads of the parsed command line."""
-
-    def __init__(self, options):
-        self._options = options
-
-    def __getattr__(self, name):
-        return self._options.get(name)
 
 
 def selected(names):
@@ -71,24 +63,24 @@ def selected(names):
     return chosen
 
 
-def run_checks(args, out):
-    """``--check``: each check's verdict on ``out``; the exit status."""
-    chosen = selected(args.check)
-    options = {k: getattr(args, k) for k in ("nodes", "epochs", "seed",
-                                             "threads")
-               if getattr(args, k) is not None}
-    if args.job is None and "threads" not in options:
+def run_checks(opts, out):
+    """``--check``: each check's verdict on ``out`` (``opts``: the
+    `RunOptions`); the exit status."""
+    chosen = selected(opts.check)
+    options = opts.job.given()
+    if opts.job.embedded and "threads" not in options:
         options["threads"] = 1
-    build = CommandLineJob(args.job or DEFAULT_JOB, **options)
+    build = CommandLineJob(opts.job.spec, **options)
     built = build()  # a job that cannot be built is one usage error, at once
-    if args.log_level == "WARNING":
+    if opts.log_level == "WARNING":
         # the restarts restart_recovers causes are what it checks, not news
         logging.getLogger("localcluster.job").setLevel(logging.ERROR)
     given = {"sessions": ("local", "localhost"),
-             "max_examples": args.max_examples, "timeout": args.timeout or 60}
+             "max_examples": opts.max_examples,
+             "timeout": opts.session.timeout or 60}
     conditions = session_options(
-        args, built[0] if isinstance(built, tuple) else built).get(
-            "conditions")
+        opts.session, opts.job.seed,
+        built[0] if isinstance(built, tuple) else built).get("conditions")
     if conditions:   # the job's result must not depend on them
         given["conditions"] = conditions
     out.write(f"checking {build.spec} ({', '.join(c.__name__ for c in chosen)})"

@@ -35,15 +35,16 @@ from ..runtime import shm
 __all__ = ["cleanup", "temp_run_dirs", "remove_gone_temp_dirs"]
 
 
-def cleanup(args, out):
-    """``--cleanup`` (see the module); its exit status.  ``out``: where the
-    report goes (``--json``: the JSON summary goes to stdout)."""
+def cleanup(checkpoint_dir, as_json, out):
+    """``--cleanup`` (see the module) of ``checkpoint_dir`` (None: the
+    temporary run directories); its exit status.  ``out``: where the
+    report goes (``as_json``: the JSON summary goes to stdout)."""
     removed_dirs, kept = [], []
-    if args.checkpoint_dir is not None:
-        if not os.path.isdir(args.checkpoint_dir):
-            raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is not "
+    if checkpoint_dir is not None:
+        if not os.path.isdir(checkpoint_dir):
+            raise UsageError(f"--checkpoint-dir {checkpoint_dir} is not "
                              "a directory: nothing there to clean up")
-        directories = [args.checkpoint_dir]
+        directories = [checkpoint_dir]
     else:
         directories = temp_run_dirs()
         removed_dirs, kept = remove_gone_temp_dirs(directories)
@@ -52,7 +53,7 @@ def cleanup(args, out):
     removed = shm.sweep_stale()
     partials = [os.path.join(d, name) for d in directories
                 for name in remove_partials_under(d, dead_only=True)]
-    if args.json:
+    if as_json:
         json.dump({"removed": [f"/dev/shm/{n}" for n in removed],
                    "partial_checkpoints": partials,
                    "removed_directories": removed_dirs,
@@ -62,7 +63,7 @@ def cleanup(args, out):
         return 0
     _report_segments(out, removed)
     _report_partials(out, partials, directories)
-    if args.checkpoint_dir is None:
+    if checkpoint_dir is None:
         _report_dirs(out, removed_dirs, kept)
     return 0
 

@@ -24,18 +24,21 @@ SIM_OP_SECONDS = 1e-5
 STRAGGLER_FACTOR = 4.0
 
 
-def resolve_session(args):
-    """``args.session`` given its default: ``local`` under --simulate,
-    else ``localhost``; a UsageError for options that do not fit."""
-    if args.simulate:
-        if args.session not in (None, "local"):
+def resolve_session(session):
+    """``session.kind`` (`SessionOptions`) given its default: ``local``
+    under --simulate, else ``localhost``; a UsageError for options that
+    do not fit."""
+    if session.simulate:
+        if session.kind not in (None, "local"):
             raise UsageError(
                 f"--simulate runs every node in this process on a virtual "
-                f"clock (--session local), not --session {args.session}")
-        args.session = "local"
-    elif args.op_seconds is not None:
+                f"clock (--session local), not --session {session.kind}")
+        session.kind = "local"
+    elif session.op_seconds is not None:
         raise UsageError("--op-seconds goes with --simulate")
-    args.session = args.session or "localhost"
+    session.kind = session.kind or "localhost"
+    if session.ray_address and session.kind != "ray":
+        raise UsageError("--ray-address goes with --session ray")
 
 
 def _stragglers(k, nodes):
@@ -48,23 +51,24 @@ def _stragglers(k, nodes):
     return [Slowdown(n, STRAGGLER_FACTOR) for n in trainers[len(trainers) - k:]]
 
 
-def session_options(args, job):
+def session_options(session, seed, job):
     """``{"conditions": [...], "schedule": Schedule}`` (what applies) for
-    the session of ``args``."""
+    the session `SessionOptions` ``session`` describes (``seed``: the
+    run's ``--seed``, which seeds a --simulate schedule)."""
     nodes = job_nodes(job)
-    conditions = list(args.link) + list(args.slowdown)
-    if args.stragglers:
-        conditions += _stragglers(args.stragglers, nodes)
+    conditions = list(session.link) + list(session.slowdown)
+    if session.stragglers:
+        conditions += _stragglers(session.stragglers, nodes)
     try:
-        check_patterns(conditions, [p for _, p in args.faults.partitions()]
-                       if args.faults is not None else [], nodes)
+        check_patterns(conditions, [p for _, p in session.faults.partitions()]
+                       if session.faults is not None else [], nodes)
     except PlanError as exc:
         raise UsageError(str(exc)) from None
     options = {}
     if conditions:
         options["conditions"] = conditions
-    if args.simulate:
-        op_seconds = SIM_OP_SECONDS if args.op_seconds is None \
-            else args.op_seconds
-        options["schedule"] = Schedule(args.seed or 0, op_seconds=op_seconds)
+    if session.simulate:
+        op_seconds = SIM_OP_SECONDS if session.op_seconds is None \
+            else session.op_seconds
+        options["schedule"] = Schedule(seed or 0, op_seconds=op_seconds)
     return options

@@ -9,10 +9,9 @@ process may not use, or a pattern that matches no node, is a usage error
 naming it.
 """
 
-import fnmatch
 import os
 
-from .jobspec import UsageError, job_nodes
+from .jobspec import UsageError, job_nodes, nodes_matching
 from ..task import Node
 
 __all__ = ["parse_cpus", "apply_cpus"]
@@ -52,11 +51,7 @@ def apply_cpus(job, specs):
     available = sorted(os.sched_getaffinity(0))
     chosen = {}
     for pattern, cpus in specs:
-        matched = [n for n in nodes if fnmatch.fnmatchcase(n, pattern)]
-        if not matched:
-            raise UsageError(f"--cpus {pattern}=...: no node of the job "
-                             f"matches {pattern!r} (its nodes: "
-                             f"{', '.join(nodes)})")
+        matched = nodes_matching("--cpus", pattern, nodes)
         missing = sorted(set(cpus) - set(available))
         if missing:
             raise UsageError(f"--cpus {pattern}=...: cpus {missing} are not "

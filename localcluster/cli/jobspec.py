@@ -12,6 +12,7 @@ Problems are one line: `UsageError` (a bad command line, exit 2) or
 `RunFailure` (exit 1; `JobBuildError`: the job function failed).
 """
 
+import fnmatch
 import importlib
 import importlib.util
 import inspect
@@ -20,15 +21,14 @@ import os
 import sys
 
 from ..job import Job
+from .options import DEFAULT_JOB, JOB_OPTIONS
 from ..plan.net import Net
 from ..plan.step import ExecutionStep
 
 __all__ = ["DEFAULT_JOB", "JOB_OPTIONS", "UsageError", "RunFailure",
            "JobBuildError", "load_builder", "build_job", "job_nodes",
-           "first_line", "limiter_counters"]
+           "first_line", "limiter_counters", "nodes_matching"]
 
-DEFAULT_JOB = "localcluster.examples.regression:build"
-JOB_OPTIONS = ("nodes", "epochs", "seed", "threads")
 
 
 log = logging.getLogger("localcluster.run")
@@ -83,13 +83,13 @@ def load_builder(spec):
     return builder
 
 
-def build_job(builder, args, embedded):
-    """``(job, options, values)`` from the job function and the command
-    line: ``values`` maps each of `JOB_OPTIONS` to what the job was built
-    with -- the value given, else the function's default, else None (the
-    function does not take it)."""
-    given = {k: getattr(args, k) for k in JOB_OPTIONS
-             if getattr(args, k) is not None}
+def build_job(builder, chosen):
+    """``(job, options, values)`` from the job function and the job
+    options ``chosen`` (`JobOptions`): ``values`` maps each of
+    `JOB_OPTIONS` to what the job was built with -- the value given, else
+    the function's default, else None (the function does not take it)."""
+    given = chosen.given()
+    embedded = chosen.embedded
     try:
         params = inspect.signature(builder).parameters
     except (TypeError, ValueError):
@@ -139,6 +139,20 @@ def job_nodes(job):
             if node not in nodes:
                 nodes.append(node)
     return nodes
+
+
+def nodes_matching(option, pattern, nodes, literal=False):
+    """The nodes of ``nodes`` that ``pattern`` matches (fnmatch; with
+    ``literal``, the node of that name); a `UsageError` naming ``option``
+    and the job's nodes when none does -- the command line's one wording
+    of that mistake."""
+    matched = [n for n in nodes if (n == pattern if literal else
+                                    fnmatch.fnmatchcase(n, pattern))]
+    if not matched:
+        shown = ", ".join(nodes[:12]) + (", ..." if len(nodes) > 12 else "")
+        raise UsageError(f"{option} {pattern!r} matches no node of the job "
+                         f"(its nodes: {shown})")
+    return matched
 
 
 def first_line(exc):

@@ -43,8 +43,9 @@ from .cpus import apply_cpus
 from .rundir.directory import (TEMP_PREFIX, DirLock, check_fresh,
                                discard_if_unused, make_dir, restore_options,
                                save_options, saved_options, sweep_leftovers)
-from .jobspec import (DEFAULT_JOB, RunFailure, UsageError, build_job,
-                      first_line, job_nodes, load_builder)
+from .jobspec import (RunFailure, UsageError, build_job, first_line,
+                      job_nodes, load_builder, nodes_matching)
+from .options import RunOptions
 from .resume import checkpoint_manager, resume_epoch
 from .signals import STOP, StopSignals, exit_status
 from .train.loop import Run
@@ -74,11 +75,11 @@ def _main(argv, signals):
     p = parser()
     try:
         signals.arm()
-        args = p.parse_args(argv)
-        logging.basicConfig(level=getattr(logging, args.log_level),
+        opts = RunOptions.from_namespace(p.parse_args(argv))
+        logging.basicConfig(level=getattr(logging, opts.log_level),
                             format="%(levelname)s %(name)s: %(message)s")
         try:
-            return _command(args, signals)
+            return _command(opts, signals)
         except UsageError as exc:
             p.error(str(exc))
         except (RunFailure, LocalClusterError, OSError) as exc:
@@ -86,8 +87,8 @@ def _main(argv, signals):
             message = str(exc) if isinstance(exc, RunFailure) else \
                 first_line(exc)
             sys.stderr.write(f"error: {message}\n")
-            if args.json:
-                _json({"job": args.job or DEFAULT_JOB, "status": "error",
+            if opts.json:
+                _json({"job": opts.job.spec, "status": "error",
                        "error": message})
             return 1
     except KeyboardInterrupt as exc:  # before or after training
@@ -106,79 +107,72 @@ def _closed_stream():
     return 2
 
 
-def _command(args, signals):
-    out = sys.stderr if args.json else sys.stdout
-    if args.cleanup:
-        return cleanup(args, out)
-    if args.resume is not None and args.checkpoint_dir is None:
+def _command(opts, signals):
+    out = sys.stderr if opts.json else sys.stdout
+    if opts.cleanup:
+        return cleanup(opts.checkpoint_dir, opts.json, out)
+    if opts.resume is not None and opts.checkpoint_dir is None:
         raise UsageError("--resume needs --checkpoint-dir (where the "
                          "checkpoints are)")
-    if args.resume is not None and args.overwrite:
+    if opts.resume is not None and opts.overwrite:
         raise UsageError("--overwrite starts over and --resume goes on: "
                          "give one of them")
-    resolve_session(args)
-    if args.ray_address and args.session != "ray":
-        raise UsageError("--ray-address goes with --session ray")
-    if args.print_plan:
-        return _print_plan(args)
-    if args.check is not None:
-        return run_checks(args, out)
-    trace = TraceFile(args.trace) if args.trace else None
-    given = args.checkpoint_dir
+    resolve_session(opts.session)
+    if opts.print_plan:
+        return _print_plan(opts)
+    if opts.check is not None:
+        return run_checks(opts, out)
+    trace = TraceFile(opts.trace) if opts.trace else None
+    given = opts.checkpoint_dir
     if given is not None:
-        make_dir(given, args.resume)
+        make_dir(given, opts.resume)
     directory = given or tempfile.mkdtemp(prefix=TEMP_PREFIX)
     lock = DirLock(directory).acquire()
     try:
         sweep_leftovers(directory)
-        if args.resume is not None:
+        if opts.resume is not None:
             saved = saved_options(directory)
             if saved is not None:
-                restore_options(args, saved, directory)
+                restore_options(opts.job, saved, directory)
         else:
-            check_fresh(directory, args.overwrite)
-        job, options, values = _build(args)
-        _check_fault_nodes(args.faults, job)
-        apply_cpus(job, args.cpus)
+            check_fresh(directory, opts.overwrite)
+        job, options, values = _build(opts.job)
+        _check_fault_nodes(opts.session.faults, job)
+        apply_cpus(job, opts.session.cpus)
         manager = checkpoint_manager(directory, job)
-        resume = None if args.resume is None else resume_epoch(
-            manager, args.resume, job)
-        save_options(directory, args.job or DEFAULT_JOB, values)
-        code, summary = Run(args, job, options, out, manager, resume,
+        resume = None if opts.resume is None else resume_epoch(
+            manager, opts.resume, job)
+        save_options(directory, opts.job.spec, values)
+        code, summary = Run(opts, job, options, out, manager, resume,
                             trace, signals, values).train()
     finally:
         lock.release()
         if given is None:
             discard_if_unused(directory)
-    if args.json:
+    if opts.json:
         _json(summary)
     return code
 
 
 def _check_fault_nodes(faults, job):
-    unknown = [n for n in (faults.nodes() if faults else ())
-               if n not in job_nodes(job)]
-    if unknown:
-        raise UsageError(f"--faults names {', '.join(map(repr, unknown))}, "
-                         f"not a node of the job (its nodes: "
-                         f"{', '.join(job_nodes(job))})")
+    for node in faults.nodes() if faults else ():
+        nodes_matching("--faults", node, job_nodes(job), literal=True)
 
 
-def _build(args):
-    builder = load_builder(args.job or DEFAULT_JOB)
-    return build_job(builder, args, args.job is None)
+def _build(chosen):
+    return build_job(load_builder(chosen.spec), chosen)
 
 
-def _print_plan(args):
+def _print_plan(opts):
     """Print the plan; nothing is made (a --resume's options are read)."""
-    if args.resume is not None and os.path.isdir(args.checkpoint_dir):
-        saved = saved_options(args.checkpoint_dir)
+    if opts.resume is not None and os.path.isdir(opts.checkpoint_dir):
+        saved = saved_options(opts.checkpoint_dir)
         if saved is not None:
-            restore_options(args, saved, args.checkpoint_dir)
-    job, _, values = _build(args)
+            restore_options(opts.job, saved, opts.checkpoint_dir)
+    job, _, values = _build(opts.job)
     text = printer.to_string(job)
-    if args.json:
-        _json({"job": args.job or DEFAULT_JOB, "options": values,
+    if opts.json:
+        _json({"job": opts.job.spec, "options": values,
                "nodes": job_nodes(job),
                "groups": {label: group.used_nodes()
                           for label, group in job.printable_groups()

@@ -13,7 +13,8 @@ whose ``run`` line was lost -- each is shown as absent, never an error.
 """
 
 import math
-import re
+
+from ..numbered import families, numbered
 
 __all__ = ["Run", "Report", "num", "build", "metric_charts", "KILLED",
            "MAX_NODE_LINES"]
@@ -23,11 +24,6 @@ KILLED = "did not end (killed?)"
 #: with more process series than this, the CPU and memory charts show
 #: min/median/max bands, the median, and the slowest node
 MAX_NODE_LINES = 12
-#: a metric of a numbered family, one per node: ``train_loss_7``.  Any
-#: digits count, ``worker_07`` too: zero-padded node numbers are common,
-#: and the terminal's epoch line (`localcluster.cli.train.epochs`) groups the
-#: same names.
-NUMBERED = re.compile(r"^(?P<stem>.+)_(?P<n>[0-9]+)$")
 
 
 #: beyond this magnitude a number counts as absent: no axis spans it
@@ -229,31 +225,27 @@ class Report:
 def metric_charts(names):
     """``[(title, members)]``: what the metric charts show, ``loss``
     first, then in the order of ``names``.  Names ``<stem>_<n>`` (see
-    `NUMBERED`) that share their stem with at least one other share one
+    `localcluster.cli.numbered`) that share their stem with at least one other share one
     chart titled ``<stem>_*``, its members in numeric order; any other
     name (a lone ``x_1`` too) is a chart of its own, titled by it."""
     names = sorted(names, key=lambda n: n != "loss")
-    families = {}
-    for name in names:
-        found = NUMBERED.match(name) if isinstance(name, str) else None
-        if found:
-            families.setdefault(found["stem"], []).append(name)
+    grouped = families(names)
     out, done = [], set()
     for name in names:
-        found = NUMBERED.match(name) if isinstance(name, str) else None
-        members = families.get(found["stem"], []) if found else []
+        found = numbered(name)
+        members = grouped.get(found[0], []) if found else []
         if len(members) < 2:
             out.append((name, [name]))
-        elif found["stem"] not in done:
-            done.add(found["stem"])
-            out.append((f"{found['stem']}_*", sorted(members, key=_number)))
+        elif found[0] not in done:
+            done.add(found[0])
+            out.append((f"{found[0]}_*", sorted(members, key=_number)))
     return out
 
 
 def _number(name):
     """A numbered metric's sort key: its number, then (``x_1`` and
     ``x_01``) its name."""
-    return int(NUMBERED.match(name)["n"]), name
+    return numbered(name)[1], name
 
 
 def _spread(named_values):

@@ -289,22 +289,23 @@ def save_options(directory, job, values):
                  lambda f: json.dump(saved, f, indent=1), binary=False)
 
 
-def restore_options(args, saved, directory):
-    """Fill the job options the resumed run was not given from ``saved``;
+def restore_options(chosen, saved, directory):
+    """Fill the job options (`JobOptions` ``chosen``) the resumed run was
+    not given from ``saved``;
     a different value is a usage error (the checkpoints hold that job) --
     but for a higher ``--epochs``, which trains further."""
-    given_job = args.job or DEFAULT_JOB
-    if args.job is not None and saved.get("job") not in (None, given_job):
+    given_job = chosen.spec
+    if chosen.job is not None and saved.get("job") not in (None, given_job):
         raise UsageError(
-            f"--job {args.job} is not the job the checkpoints under "
+            f"--job {chosen.job} is not the job the checkpoints under "
             f"{directory} were made by ({saved['job']}); drop --job to "
             "resume it, or start over in a new --checkpoint-dir")
-    if args.job is None and saved.get("job") not in (None, DEFAULT_JOB):
-        args.job = saved.get("job")
+    if chosen.job is None and saved.get("job") not in (None, DEFAULT_JOB):
+        chosen.job = saved.get("job")
     for key in JOB_OPTIONS:
-        given, then = getattr(args, key), saved.get(key)
+        given, then = getattr(chosen, key), saved.get(key)
         if given is None:
-            setattr(args, key, then)
+            setattr(chosen, key, then)
         elif then is None or given == then:
             continue
         elif key == "epochs" and isinstance(then, int) and given > then:

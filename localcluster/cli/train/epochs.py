@@ -26,14 +26,13 @@ import statistics
 import time
 
 from .progress import IN_PROCESS, mib, scalar
+from ..numbered import families, numbered
 
 __all__ = ["EpochWatch", "LIST_AT_MOST", "short_names", "metrics_text",
            "nodes_text"]
 
 #: node processes listed one by one on an epoch line; more are summarized
 LIST_AT_MOST = 4
-#: metric names like ``train_loss_7``: one per node, summarized as a group
-_NUMBERED = re.compile(r"^(?P<stem>.+)_(?P<n>\d+)$")
 #: busy nodes named on the live line; more are counted
 _BUSY_SHOWN = 3
 
@@ -53,12 +52,7 @@ def metrics_text(values, every=False):
     ``every``, groups of 3 or more ``<stem>_<n>`` as one
     ``<stem>_* (n) min/med/max``."""
     names = sorted(values, key=_natural)
-    groups = {}
-    if not every:
-        for name in names:
-            found = _NUMBERED.match(name)
-            if found:
-                groups.setdefault(found["stem"], []).append(name)
+    groups = {} if every else families(names)
     grouped = {n for members in groups.values() if len(members) >= 3
                for n in members}
     parts, done = [], set()
@@ -66,7 +60,7 @@ def metrics_text(values, every=False):
         if name not in grouped:
             parts.append(f"{name} {_g(values[name])}")
             continue
-        stem = _NUMBERED.match(name)["stem"]
+        stem = numbered(name)[0]
         if stem in done:
             continue
         done.add(stem)
@@ -117,14 +111,14 @@ def short_names(names):
             out.extend(name for _, _, name in run)
         run.clear()
     for name in names:
-        found = _NUMBERED.match(name)
-        if found and run and run[-1][0] == found["stem"] and \
-                run[-1][1] + 1 == int(found["n"]):
-            run.append((found["stem"], int(found["n"]), name))
+        found = numbered(name)
+        if found and run and run[-1][0] == found[0] and \
+                run[-1][1] + 1 == found[1]:
+            run.append((*found, name))
             continue
         flush()
         if found:
-            run.append((found["stem"], int(found["n"]), name))
+            run.append((*found, name))
         else:
             out.append(name)
     flush()

@@ -20,6 +20,7 @@ import shlex
 
 from ..jobspec import first_line
 from ...errors import NodeFailedError, RunTimeoutError, TaskFailedError
+from ...job import restartable
 
 __all__ = ["Failure", "describe", "resume_hint", "recurs"]
 
@@ -39,8 +40,9 @@ class Failure:
 
 
 def recurs(exc):
-    """Whether ``exc`` would fail a resumed run the same way."""
-    return not isinstance(exc, (NodeFailedError, RunTimeoutError))
+    """Whether ``exc`` would fail a resumed run the same way: the failures
+    a restart does not retry (`localcluster.job.restartable`)."""
+    return not restartable(exc)
 
 
 def describe(exc, max_restarts, timeout, debug):
@@ -97,18 +99,19 @@ def _frames(exc, debug):
         "  (--log-level DEBUG shows the whole traceback)"]
 
 
-def resume_hint(args, checkpoint_dir):
+def resume_hint(session, max_restarts, checkpoint_dir):
     """The command that resumes: the job's options come back from the
-    checkpoint directory's run file, so only the run's own are repeated."""
+    checkpoint directory's run file, so only the run's own are repeated
+    (``session``: the run's `SessionOptions`)."""
     parts = []
-    if args.session != "localhost":
-        parts += ["--session", args.session]
-    if getattr(args, "ray_address", None):
-        parts += ["--ray-address", args.ray_address]
-    if args.max_restarts:
-        parts += ["--max-restarts", str(args.max_restarts)]
-    if args.timeout is not None:
-        parts += ["--timeout", f"{args.timeout:g}"]
+    if session.kind != "localhost":
+        parts += ["--session", session.kind]
+    if session.ray_address:
+        parts += ["--ray-address", session.ray_address]
+    if max_restarts:
+        parts += ["--max-restarts", str(max_restarts)]
+    if session.timeout is not None:
+        parts += ["--timeout", f"{session.timeout:g}"]
     parts += ["--checkpoint-dir", checkpoint_dir, "--resume"]
     return "python -m localcluster.run " + " ".join(shlex.quote(p)
                                                    for p in parts)

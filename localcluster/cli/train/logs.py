@@ -17,34 +17,31 @@
 `MasterLog` is the master's own file.
 """
 
-import fnmatch
 import logging
 import os
 
-from ..jobspec import UsageError
+from ..jobspec import UsageError, nodes_matching
 
 __all__ = ["log_options", "MasterLog", "master_log_name"]
 
 
-def log_options(args, nodes):
-    """The session keyword arguments of the log options (``{}``: none
-    given, the session's default)."""
-    if args.tee and args.log_dir is None:
+def log_options(logs, nodes):
+    """The session keyword arguments of the `LogOptions` ``logs`` (``{}``:
+    none given, the session's default)."""
+    if logs.tee and logs.log_dir is None:
         raise UsageError("--tee keeps the terminal copy of --log-dir's "
                          "files: give --log-dir DIR with it")
-    for pattern in args.log_nodes:
-        if not any(fnmatch.fnmatchcase(n, pattern) for n in nodes):
-            raise UsageError(f"--log-nodes {pattern!r} matches no node of "
-                             f"the job (its nodes: {', '.join(nodes)})")
-    if args.log_dir is None and not args.log_nodes:
+    for pattern in logs.log_nodes:
+        nodes_matching("--log-nodes", pattern, nodes)
+    if logs.log_dir is None and not logs.log_nodes:
         return {}
-    if args.log_nodes:
-        echo = list(args.log_nodes)
+    if logs.log_nodes:
+        echo = list(logs.log_nodes)
     else:
-        echo = args.tee or args.log_dir is None
+        echo = logs.tee or logs.log_dir is None
     options = {"log_echo": echo}
-    if args.log_dir is not None:
-        options["log_dir"] = args.log_dir
+    if logs.log_dir is not None:
+        options["log_dir"] = logs.log_dir
     return options
 
 

@@ -13,15 +13,14 @@ import time
 
 from ...errors import LocalClusterError
 from ...job import JobRunner
-from ...sessions.local import LocalSession
-from ...sessions.localhost import LocalHostScheduler
+from ...sessions.kinds import KindNotInstalled, session_class
 from ...task import TaskOutput
 from ..version import __version__
 from ...plan.faults import FaultPlan
 from ..rundir.directory import is_run_file
 from ..conditions import session_options
 from .failure import describe, resume_hint
-from ..jobspec import DEFAULT_JOB, UsageError, job_nodes
+from ..jobspec import UsageError, job_nodes
 from ..rundir.prune import prune
 from .epochs import EpochWatch, short_names
 from .logs import MasterLog, log_options
@@ -43,17 +42,17 @@ class Run:
     """One training run: ``train()`` gives ``(exit status, JSON summary)``.
     """
 
-    def __init__(self, args, job, options, out, manager, resume, trace,
+    def __init__(self, opts, job, options, out, manager, resume, trace,
                  signals, values=None):
-        self.args, self.job, self.options = args, job, options
+        self.opts, self.job, self.options = opts, job, options
         #: the job options the job was built with (``epochs``: N of k/N)
         self.values = values or {}
         self.out, self.manager, self.resume = out, manager, resume
         self.trace, self.signals = trace, signals
         self.directory = manager.db_prefix
         self.nodes = job_nodes(job)
-        self.summary = {"job": args.job or DEFAULT_JOB,
-                        "session": args.session, "nodes": self.nodes,
+        self.summary = {"job": opts.job.spec,
+                        "session": opts.session.kind, "nodes": self.nodes,
                         "checkpoint_dir": self.directory,
                         "master_pid": os.getpid(),
                         "resumed_from": resume, "epochs": [], "status": "ok"}
@@ -63,17 +62,17 @@ class Run:
         self.master_log = None
         #: the complete epochs a run keeps on disk (None: all) -- the
         #: default temporary directory keeps the last `TEMP_KEEP_LAST`
-        self.keep_last = args.keep_last if args.keep_last is not None \
-            else (TEMP_KEEP_LAST if args.checkpoint_dir is None else None)
-        self.max_restarts = args.max_restarts \
-            if args.max_restarts is not None \
+        self.keep_last = opts.keep_last if opts.keep_last is not None \
+            else (TEMP_KEEP_LAST if opts.checkpoint_dir is None else None)
+        self.max_restarts = opts.max_restarts \
+            if opts.max_restarts is not None \
             else options.get("max_restarts", 0)
         self.watch = self.runner = None
 
     def train(self):
         try:
             code, summary = self._run()
-            if self.args.report is not None and not self._write_report():
+            if self.opts.report is not None and not self._write_report():
                 if code == 0:
                     summary.update(status="error",
                                    error="the report was not written")
@@ -87,9 +86,9 @@ class Run:
         """``--report FILE``: the run's page, from its metrics.jsonl."""
         from ..report import write_report
         try:
-            path = write_report(self.directory, self.args.report)
+            path = write_report(self.directory, self.opts.report)
         except (OSError, ValueError) as exc:
-            self._err(f"error: --report {self.args.report}: the report was "
+            self._err(f"error: --report {self.opts.report}: the report was "
                       f"not written ({exc})")
             return False
         line = f"  report: {path} (open it in a browser)"
@@ -99,24 +98,26 @@ class Run:
         return True
 
     def _run(self):
-        args, metrics = self.args, self.options.get("metrics") or {}
+        opts, metrics = self.opts, self.options.get("metrics") or {}
         bad = [k for k, v in metrics.items() if not isinstance(v, TaskOutput)]
         if bad:
             return self._failed(1, f"the job's metrics {bad} are not "
                                 "TaskOutputs (task.add_output(blob) makes "
                                 "one)")
-        session_class = _session_class(args.session)
-        kwargs = {"faults": args.faults,
-                  **session_options(args, self.job),
-                  **log_options(args, self.nodes)}
-        if args.log_dir is not None:
+        session_class = _session_class(opts.session.kind)
+        kwargs = {"faults": opts.session.faults,
+                  **session_options(opts.session, opts.job.seed,
+                                     self.job),
+                  **log_options(opts.logs, self.nodes)}
+        if opts.logs.log_dir is not None:
             try:
-                self.master_log = MasterLog(args.log_dir, self.nodes)
+                self.master_log = MasterLog(opts.logs.log_dir, self.nodes)
             except OSError as exc:
-                raise UsageError(f"--log-dir {args.log_dir}: {exc.strerror};"
-                                 " pick a writable directory") from None
-        if args.session == "ray" and args.ray_address:
-            kwargs["address"] = args.ray_address
+                raise UsageError(f"--log-dir {opts.logs.log_dir}: "
+                                 f"{exc.strerror}; pick a writable "
+                                 "directory") from None
+        if opts.session.kind == "ray" and opts.session.ray_address:
+            kwargs["address"] = opts.session.ray_address
         progress = self._header(session_class, kwargs)
         started = time.monotonic()
         session = session_class(**kwargs)
@@ -127,12 +128,13 @@ class Run:
                 self.nodes, metrics, self.options.get("records"),
                 Usage(session, self.nodes), progress, self.summary,
                 self.resume, check=self.signals.check,
-                of=self.values.get("epochs"), verbose=args.verbose,
+                of=self.values.get("epochs"), verbose=opts.verbose,
                 session=session, metrics_log=self.metrics_log,
                 run_id=self.run_id, restarts=self._restarts)
             self.runner = JobRunner(
                 self.job, self.manager, resume_from_epoch=self.resume,
-                max_restarts=self.max_restarts, timeout=args.timeout,
+                max_restarts=self.max_restarts,
+                timeout=opts.session.timeout,
                 on_checkpoint_error=self.options.get("on_checkpoint_error",
                                                      "warn"),
                 on_epoch=self._on_epoch)
@@ -179,11 +181,10 @@ class Run:
                              f"cannot be written ({exc.strerror}); the run "
                              "goes on without its history\n")
             return
-        options = {k: v for k, v in vars(self.args).items()
-                   if v is not None and v is not False and v != []}
+        options = self.opts.as_record()
         self.metrics_log.write({
             "kind": "run", "run": self.run_id, "time": self.started,
-            "job": self.summary["job"], "session": self.args.session,
+            "job": self.summary["job"], "session": self.opts.session.kind,
             "nodes": self.nodes, "epochs": self.values.get("epochs"),
             "resumed_from": self.resume, "master_pid": os.getpid(),
             "host": platform.node(), "version": __version__,
@@ -202,8 +203,12 @@ class Run:
         self.metrics_log.close()
         self.metrics_log = None
 
+    def _resume_hint(self):
+        return resume_hint(self.opts.session, self.opts.max_restarts,
+                           self.directory)
+
     def _header(self, session_class, kwargs):
-        args, resume = self.args, self.resume
+        opts, resume = self.opts, self.resume
         progress = Progress(self.out, live=self.out.isatty(),
                             copy=self.master_log)
         n = len(self.nodes)
@@ -216,32 +221,33 @@ class Run:
             progress.line(f"  simulated: {kwargs['schedule']!r} -- epochs "
                           "show virtual time (a machine per node) beside "
                           "wall time")
-        if args.session != "local":
+        if opts.session.kind != "local":
             progress.line(f"  master pid {os.getpid()}; each node process is "
                           f"titled 'localcluster: <node> ({os.getpid()})' "
                           "(ps, top)")
-        if args.log_dir is not None:
-            shown = ("every node's output" if args.tee and not args.log_nodes
-                     else "no node output" if not args.log_nodes else
-                     "the output of " + ", ".join(args.log_nodes))
-            progress.line(f"  logs: {os.path.join(args.log_dir, '<node>.log')}"
+        logs = opts.logs
+        if logs.log_dir is not None:
+            shown = ("every node's output" if logs.tee and not logs.log_nodes
+                     else "no node output" if not logs.log_nodes else
+                     "the output of " + ", ".join(logs.log_nodes))
+            progress.line(f"  logs: {os.path.join(logs.log_dir, '<node>.log')}"
                           f" and {self.master_log.path} (the terminal shows "
                           f"{shown})")
-        if args.cpus:
+        if opts.session.cpus:
             progress.line("  cpus: " + "; ".join(
                 f"{pattern}={','.join(map(str, cpus))}"
-                for pattern, cpus in args.cpus))
+                for pattern, cpus in opts.session.cpus))
         kept = ("" if self.keep_last is None else
                 f" (keeps the last {self.keep_last} complete epoch"
                 f"{'' if self.keep_last == 1 else 's'}"
                 + ("; --checkpoint-dir DIR keeps all" if
-                   args.checkpoint_dir is None and args.keep_last is None
+                   opts.checkpoint_dir is None and opts.keep_last is None
                    else "") + ")")
         progress.line(f"  checkpoints: {self.directory}{kept}"
                       + (f" (resuming from epoch {resume})"
                          if resume is not None else ""))
-        if self.max_restarts and args.session == "local" and \
-                args.faults is None:
+        if self.max_restarts and opts.session.kind == "local" and \
+                opts.session.faults is None:
             progress.line("  note: --max-restarts does nothing under "
                           "--session local: a node there is a thread of "
                           "this process (only a --faults kill ends one)")
@@ -254,7 +260,7 @@ class Run:
         self.watch.usage.sample()
         saved = sys.stdout, sys.stderr
         # under --json stdout is for the summary alone: node output too
-        shown = (sys.stderr if self.args.json else sys.stdout), sys.stderr
+        shown = (sys.stderr if self.opts.json else sys.stdout), sys.stderr
         sys.stdout, sys.stderr = map(progress.guard, shown)
         progress.start_live(self.watch.live_text)
         try:
@@ -281,16 +287,16 @@ class Run:
         progress.line(message)
         if latest is not None:
             progress.line("resume with: "
-                          + resume_hint(self.args, self.directory))
+                          + self._resume_hint())
         self._write_trace()
         return self._failed(exit_status(exc), message, "interrupted",
                             latest=latest)
 
     def _error(self, exc):
-        failure = describe(exc, self.max_restarts, self.args.timeout,
-                           self.args.log_level == "DEBUG")
+        failure = describe(exc, self.max_restarts, self.opts.session.timeout,
+                           self.opts.log_level == "DEBUG")
         latest = None if failure.recurs else self._latest()
-        hint = (f"; resume with: {resume_hint(self.args, self.directory)}"
+        hint = (f"; resume with: {self._resume_hint()}"
                 if latest is not None else "")
         self._err(f"error: {failure.line}{hint}")
         for line in failure.details:
@@ -347,13 +353,13 @@ class Run:
         self._add_pids()
         self._end_metrics("ok", last)
         progress.line(self.watch.done_line(last, seconds, self.directory))
-        if self.args.faults is not None:
-            fired = self.args.faults.fired()
+        if self.opts.session.faults is not None:
+            fired = self.opts.session.faults.fired()
             summary["faults_fired"] = [
                 {"fault": str(FaultPlan(f.fault)), "node": f.node,
                  "time": f.time} for f in fired]
             progress.line(f"  faults fired: {len(fired)} of "
-                          f"{len(self.args.faults)}" + "".join(
+                          f"{len(self.opts.session.faults)}" + "".join(
                               f"; {FaultPlan(f.fault)}" for f in fired))
         if not self._write_trace():
             summary.update(status="error", error="the trace was not written")
@@ -380,13 +386,7 @@ class Run:
 
 def _session_class(kind):
     """The session class of ``--session``."""
-    if kind == "localhost":
-        return LocalHostScheduler
-    if kind == "local":
-        return LocalSession
     try:
-        from ...sessions.ray import RaySession
-    except ImportError:
-        raise UsageError("--session ray needs Ray: pip install "
-                         "'localcluster[ray]'") from None
-    return RaySession
+        return session_class(kind)
+    except KindNotInstalled as exc:
+        raise UsageError(f"--session {kind}: {exc}") from None
