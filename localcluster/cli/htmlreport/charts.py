@@ -107,14 +107,19 @@ def _member_series(report, name, color, index, count):
     return Series(name, color, segments, round(width, 2))
 
 
+def _per_run_card(report, title, field, name, unit, y_label, note):
+    """A card of one epoch record ``field`` over the epochs, a line per
+    run."""
+    series = _run_series(report, name, lambda r: num(r.get(field)), unit)
+    chart = line_chart(series, x_label="epoch", y_label=y_label, unit=unit,
+                       markers=report.markers(), x_range=report.epoch_range)
+    return card(title, chart + _run_legend(report), note)
+
+
 def throughput_card(report):
-    series = _run_series(report, "throughput",
-                         lambda r: num(r.get("records_per_s")), "rec/s")
-    chart = line_chart(series, x_label="epoch", y_label="records / s",
-                       unit="rec/s", markers=report.markers(),
-                       x_range=report.epoch_range)
-    return card("Throughput", chart + _run_legend(report),
-                "records per second of an epoch and its checkpoint")
+    return _per_run_card(report, "Throughput", "records_per_s", "throughput",
+                         "rec/s", "records / s",
+                         "records per second of an epoch and its checkpoint")
 
 
 def seconds_card(report):
@@ -141,13 +146,9 @@ def seconds_card(report):
 def simulated_card(report):
     if not report.has_simulated:
         return ""
-    series = _run_series(report, "simulated",
-                         lambda r: num(r.get("simulated_seconds")), "s")
-    chart = line_chart(series, x_label="epoch", y_label="simulated seconds",
-                       unit="s", markers=report.markers(),
-                       x_range=report.epoch_range)
-    return card("Simulated time", chart + _run_legend(report),
-                "virtual seconds of each epoch (--simulate)")
+    return _per_run_card(report, "Simulated time", "simulated_seconds",
+                         "simulated", "s", "simulated seconds",
+                         "virtual seconds of each epoch (--simulate)")
 
 
 # -- the process charts ----------------------------------------------------------
