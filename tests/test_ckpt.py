@@ -20,8 +20,8 @@ from localcluster.cli import ckpt
 from localcluster.cli.rundir.prune import prune
 from localcluster.cli.rundir.scan import scan
 from localcluster.cli.cleanup import cleanup
-from localcluster.cli.rundir.directory import (LOCK_FILE, RUN_FILE, TEMP_PREFIX,
-                                               DirLock)
+from localcluster.cli.rundir.directory import (LOCK_FILE, RUN_FILE,
+                                               TEMP_PREFIX, DirLock)
 from localcluster.cli.rundir.metrics import METRICS_FILE, MetricsLog
 from localcluster.cli.jobspec import RunFailure
 from localcluster.checkpoint import MultiNodeCheckpointManager

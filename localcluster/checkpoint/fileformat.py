@@ -298,7 +298,8 @@ def _manifest(zf, path):
         info = members.get(entry["member"])
         if info is None or info.CRC != entry["crc32"]:
             raise _bad(path, f"blob {entry['name']!r} does not match the "
-                       "manifest (torn or corrupted file)", "it was not loaded")
+                       "manifest (torn or corrupted file)",
+                       "it was not loaded")
     return manifest
 
 

@@ -14,7 +14,7 @@ every other checkpoint of the run, torn epochs and partial files of
 writers that are gone -- never the run file, the lock, ``metrics.jsonl``
 or files that are not the run's checkpoints; the directory stays
 resumable.  A directory a live run holds is refused.  The logic is in
-`localcluster.cli.rundir.scan`.
+`rundir.scan` and `rundir.prune`.
 
 Exit status: 0 on success, 1 on a failure (one line), 2 on a usage error
 (one line), 130 on Ctrl-C.

@@ -10,9 +10,9 @@ checkpoint time, each node's CPU and memory, the restarts, and every
 number in collapsible tables.  Metrics numbered per node
 (``train_loss_0`` ... ``train_loss_31``) share one chart,
 ``train_loss_*``: a line each up to 12, else their min-max band and
-median.  The charts are inline SVG drawn in Python
-(`cli.htmlreport.svg`), so they show without scripts; a few lines of script only
-turn their hover details into tooltips.  A Content-Security-Policy lets
+median.  The charts are inline SVG drawn in Python (`htmlreport.svg`),
+so they show without scripts; a few lines of script only turn their
+hover details into tooltips.  A Content-Security-Policy lets
 only that script run.
 
 Library: `render` (records -> HTML) and `write_report` (records, a

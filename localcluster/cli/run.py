@@ -14,11 +14,13 @@ are passed, except to the embedded job) and returns a `Job`, or
 - ``max_restarts``, ``on_checkpoint_error``: `JobRunner` options (the
   command line's win).
 
-A run owns its checkpoint directory while it lives (`cli.rundir.directory`: a lock,
-another run's checkpoints refused, the options compared on ``--resume``);
-``--resume`` starts from an epoch every node has (`cli.resume`); a failure
-is one line and where it happened (`cli.train.failure`); Ctrl-C, SIGTERM and SIGHUP
-stop the run cleanly and are never lost (`cli.signals`).
+A run owns its checkpoint directory while it lives (`rundir.directory`:
+a lock, another run's checkpoints refused, the options compared on
+``--resume``); ``--resume`` starts from an epoch every node has
+(`resume`); a failure is one line and where it happened
+(`train.failure`); Ctrl-C, SIGTERM and SIGHUP stop the run cleanly and
+are never lost (`signals`).  The options arrive typed (`options`), made
+once from the parser (`args`).
 
 Exit status: 0 on success; 1 when the job fails (one line naming the
 node, and how to resume when another try may succeed); 2 on usage errors

@@ -9,7 +9,7 @@ one line each.
 It is the report's only reader of the records, and it trusts nothing in
 them: a missing or null field, a number that is a string, a line of a run
 whose ``run`` line was lost -- each is shown as absent, never an error.
-(The HTML: `localcluster.report`; the charts: `cli.htmlreport.svg`.)
+(The HTML: `localcluster.cli.report`; the charts: `svg`.)
 """
 
 import math
@@ -225,8 +225,8 @@ class Report:
 def metric_charts(names):
     """``[(title, members)]``: what the metric charts show, ``loss``
     first, then in the order of ``names``.  Names ``<stem>_<n>`` (see
-    `localcluster.cli.numbered`) that share their stem with at least one other share one
-    chart titled ``<stem>_*``, its members in numeric order; any other
+    `localcluster.cli.numbered`) that share their stem with at least one
+    other share one chart titled ``<stem>_*``, its members in numeric order; any other
     name (a lone ``x_1`` too) is a chart of its own, titled by it."""
     names = sorted(names, key=lambda n: n != "loss")
     grouped = families(names)

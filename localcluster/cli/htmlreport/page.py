@@ -1,12 +1,12 @@
 """The sections of the report page, each an HTML string built from a
-`cli.htmlreport.data.Report`: the header (job, session, nodes, each run's status
-and times), the options, the charts' cards, the restarts and checkpoint
-tables, and the collapsible epoch tables with every number (the cards
-of charts: `charts`).
+`data.Report`: the header (job, session, nodes, each run's status and
+times), the options, the restarts and checkpoint tables, and the
+collapsible epoch tables with every number (the cards of charts:
+`charts`).
 
 Every value from the records is escaped (`esc`) on its way into the
 page, and long texts (an error's traceback) are clipped, with the rest
-behind a ``<details>``.  (The page around them: `localcluster.report`.)
+behind a ``<details>``.  (The page around them: `localcluster.cli.report`.)
 """
 
 import time

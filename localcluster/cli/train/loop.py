@@ -1,8 +1,8 @@
 """One training run of ``python -m localcluster.run``: the session, the
 `JobRunner` and what is shown of them -- the header, a line per epoch, and
 the end: done, interrupted (every node stopped, how to resume) or failed
-(the lines of `cli.train.failure`).  Whatever the end, no partial checkpoint of the
-run stays, and the trace (``--trace``) is written.
+(the lines of `failure`).  Whatever the end, no partial checkpoint of
+the run stays, and the trace (``--trace``) is written.
 """
 
 import logging
