@@ -7,9 +7,13 @@ every run.  Its writer enqueues each record it is given (blocking while
 the queue is full) and turns the pipe's stop blob true once the queue is
 closed; its reader dequeues ``num_dequeue_records`` records at a time,
 concatenated along axis 0 (fewer once the queue is closed), and stops
-when the queue is closed and empty.  The writing task closes the queue
-when it ends (after all its instances); the reading task closes it too
-when it stops, so producers stop when their consumer does.
+when the queue is closed and empty.  A writing task ends its writing
+when it ends (after all its instances), and the queue closes when the
+*last* of its writers (pipes, tasks) has ended -- never when the first
+does, which would drop the others' records
+(`localcluster.plan.validate.queue_writers` counts them per run).  The
+reading task closes it at once when it stops, so producers stop when
+their consumer does (quietly: a writer of a closed queue just stops).
 """
 
 from .context import build_scope
@@ -55,8 +59,14 @@ class Queue:
     def writer(self):
         return QueueWriter(self)
 
-    def close(self, net):
-        net.CloseQueue([], [], **self._args())
+    def close(self, net, writer=False):
+        """Close the queue from ``net``: at once (a reader that has what
+        it needs), or -- ``writer`` -- once this and every other writer of
+        the queue in the run have ended."""
+        if writer:
+            net.CloseQueue([], [], writer=True, **self._args())
+        else:
+            net.CloseQueue([], [], **self._args())
 
 
 class QueueReader(Reader):
@@ -110,4 +120,5 @@ class QueueWriter(Writer):
         writer_net.EnqueueRecord(list(fields), **self.queue._args())
 
     def commit(self, finish_net):
-        self.queue.close(finish_net)
+        # one writer ends: the queue closes when its last writer has
+        self.queue.close(finish_net, writer=True)

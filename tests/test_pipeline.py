@@ -357,3 +357,64 @@ def test_a_pipe_queue_nobody_reads_holds_a_hundred_records(session):
     # 50 records fit: the pipe ends without a reader (capacity 1 blocked
     # on the second record until the timeout)
     session.run(tg, timeout=20)
+
+
+# -- several writers on one queue (issue: the first to end closed it) ------
+
+@pytest.mark.parametrize("producer,consumer", PLACEMENTS)
+@pytest.mark.parametrize("writers", ["pipes", "tasks"])
+def test_a_queue_with_several_writers_closes_when_the_last_ends(
+        session, producer, consumer, writers):
+    """Two pipes (or two tasks) write one queue: every record of both
+    arrives, however their ends interleave -- the queue closes when the
+    last of them ends, not the first."""
+    n = 400
+    src, dst = make_datasets(
+        session, {"uid": np.arange(n), "value": np.ones(n)},
+        ["uid", "value"], node=producer, dst_node=consumer)
+    with TaskGroup(WorkspaceType.GLOBAL) as init:
+        with Node(producer), Task():
+            short = Dataset({"uid": np.arange(n, n + 3),
+                             "value": np.ones(3)}, name="short")
+    session.run(init)
+    with TaskGroup() as tg:
+        q = Queue(capacity=4, name="shared")
+        with Node(producer):
+            if writers == "pipes":
+                pipe(short.reader(), q)       # ends long before the other
+                pipe(src.reader(), q)
+            else:
+                for dataset in (short, src):
+                    with Task():
+                        pipe(dataset.reader(), q)
+        with Node(consumer):
+            pipe(q, dst.writer())
+    session.run(tg, timeout=60)
+    got = np.sort(dst.fetch(session)["uid"])
+    np.testing.assert_array_equal(got, np.arange(n + 3))
+
+
+def test_a_reader_closing_a_queue_stops_every_writer_quietly(session):
+    """A reader that has what it needs closes the queue early: both
+    writers stop without an error, and the run ends."""
+    src, dst = make_datasets(
+        session, {"uid": np.arange(1000), "value": np.ones(1000)},
+        ["uid", "value"])
+    with TaskGroup() as tg:
+        q = Queue(capacity=2, name="shared")
+        with Node("local"):
+            pipe(src.reader(), q)
+            pipe(src.reader(), q)
+            pipe(ReaderWithLimit(q.reader(), num_iter=5), dst.writer())
+    session.run(tg, timeout=60)
+    assert len(dst.fetch(session)["uid"]) == 5
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_several_writers_lose_no_record_under_any_schedule(seed):
+    """The same under deterministic schedules, which try the interleavings
+    where one writer ends while the other still has records to put."""
+    from localcluster import LocalSession
+    with LocalSession(schedule=seed) as session:
+        test_a_queue_with_several_writers_closes_when_the_last_ends(
+            session, "local", "local", "pipes")

@@ -12,13 +12,17 @@ from ..errors import Cancelled
 from .registry import register_op
 
 
-def _channel(ctx, queue, capacity):
+def _hub(ctx, queue):
     hub = ctx.resources.get("queues")
     if hub is None:
         raise RuntimeError(
             f"queue {queue!r} has no channel on node {ctx.node!r}: this "
             "session does not provide queues")
-    return hub.channel(queue, capacity)
+    return hub
+
+
+def _channel(ctx, queue, capacity):
+    return _hub(ctx, queue).channel(queue, capacity)
 
 
 #: the ``finished`` output of a read whose fields are lent: the executor
@@ -65,8 +69,13 @@ def dequeue_records(ctx, queue=None, capacity=1, num_records=1,
 
 
 @register_op("CloseQueue", num_outputs=0, context=True)
-def close_queue(ctx, queue=None, capacity=1):
-    _channel(ctx, queue, capacity).close()
+def close_queue(ctx, queue=None, capacity=1, writer=False):
+    """Close the queue: at once (a reader's close), or -- ``writer`` --
+    when this is the last of the run's writers of it to end."""
+    if writer:
+        _hub(ctx, queue).writer_ended(queue, capacity)
+    else:
+        _channel(ctx, queue, capacity).close()
 
 
 @register_op("AtomicOr", num_outputs=0, context=True)

@@ -7,6 +7,8 @@ exactly what LocalHostScheduler (or any later session) would:
   takes its writers from one node and its readers from one node (a
   cross-process channel guards each side with a lock of its own process);
   returns ``{queue id: capacity}`` of those queues;
+- `queue_writers(plan)`: how many writers of each queue end in a run of
+  the plan (the queue closes when the last of them ends);
 - `feedable(name, value)`: the array ``session.feed_blob`` stores -- a
   numeric copy; an object array cannot live in a node's workspace.
 """
@@ -15,8 +17,8 @@ import numpy as np
 
 from ..errors import PlanError
 
-__all__ = ["queues_of", "check_cross_node_queues", "feedable",
-           "check_seconds"]
+__all__ = ["queues_of", "queue_writers", "check_cross_node_queues",
+           "feedable", "check_seconds"]
 
 _QUEUE_ROLES = {"EnqueueRecord": "writes", "DequeueRecords": "reads"}
 
@@ -32,6 +34,21 @@ def queues_of(plan):
                 if op.type in _QUEUE_ROLES:
                     roles.add(_QUEUE_ROLES[op.type])
                 found[op.args["queue"]] = (capacity, roles)
+    return found
+
+
+def queue_writers(plan):
+    """``{queue id: writers}``: how many writers of each queue end in a
+    run of ``plan`` -- its ``CloseQueue(writer=True)`` ops, one per
+    writing task (a pipe's, after all its instances).  A queue closes when
+    the last of them ends, so no writer's records are dropped because
+    another writer finished first."""
+    found = {}
+    for net in plan.step.walk_nets():
+        for op in net.ops:
+            if op.type == "CloseQueue" and op.args.get("writer"):
+                queue = op.args["queue"]
+                found[queue] = found.get(queue, 0) + 1
     return found
 
 

@@ -3,9 +3,10 @@
 A `Queue` in a plan is only an id, a capacity and a dequeue size; the ops
 that use it find its channel in the node's runtime resources
 (``resources["queues"]``, a `ChannelHub`), created empty and open for every
-run by the session: LocalSession shares one hub between all its nodes;
-a node process has its own (cross-node queues attach a shared-memory
-channel there).
+run by the session: LocalSession's nodes share their channels; a node
+process has its own (cross-node queues attach a shared-memory channel
+there).  A queue closes when a reader closes it, or when the last of its
+writers in the run has ended (`ChannelHub.writer_ended`).
 
 A channel holds records -- tuples of arrays whose first axis is the batch.
 ``put`` blocks while the channel is full, ``get(n)`` until ``n`` records
@@ -124,16 +125,29 @@ class ChannelHub:
         self._channels = {}
         self._context = None
         self._links = None
+        self._writers = {}
+        self._ended = {}
         self._lock = threading.Lock()
         self._aborted = False
 
-    def begin(self, context=None, links=None):
+    def begin(self, context=None, links=None, writers=None):
         """A new run: no channels yet, not aborted; ``links``: the run's
-        `RunLinks` (its queues over links), or None."""
+        `RunLinks` (its queues over links), or None; ``writers``: ``{queue
+        id: writers}`` of the run (`plan.validate.queue_writers`)."""
         self._channels = {}
         self._context = context
         self._links = links
+        self._writers = writers or {}
+        self._ended = {}
         self._aborted = False
+
+    def writer_ended(self, queue_id, capacity):
+        """One writer of ``queue_id`` ended; the last of the run's writers
+        closes the queue (the others' records are all in it by then)."""
+        with self._lock:
+            ended = self._ended[queue_id] = self._ended.get(queue_id, 0) + 1
+        if ended >= self._writers.get(queue_id, 1):
+            self.channel(queue_id, capacity).close()
 
     def channel(self, queue_id, capacity):
         found = self._channels.get(queue_id)  # made already: no lock needed

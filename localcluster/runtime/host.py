@@ -35,8 +35,10 @@ import collections
 import logging
 import threading
 import time
+import weakref
 
 from ..plan.node_plan import NodePlan
+from ..plan.validate import queue_writers
 from .cancel import CancelEvent
 from .channels import ChannelHub, LocalChannel
 from . import current
@@ -98,6 +100,8 @@ class NodeRuntime:
         self.cancelled = CancelEvent()
         self._hub = ChannelHub(channel_factory or local_channels,
                                self.cancelled)
+        #: plan -> `queue_writers` of it (plans this node ran)
+        self._writers = weakref.WeakKeyDictionary()
         self._rc = RunContext(self.name, self.workspace.lock, self.cancelled,
                               {"workspace": self.workspace,
                                "queues": self._hub})
@@ -144,7 +148,8 @@ class NodeRuntime:
         what the run raised: `TaskFailedError`, `Cancelled`, ..."""
         if not isinstance(plan, NodePlan):
             plan = self.plan(plan)
-        self._begin(run_id, channels, trace, clock, conditions)
+        self._begin(run_id, channels, trace, clock, conditions,
+                    self._queue_writers(plan))
         start = time.perf_counter()
         marked = current.enter(self)   # output of this thread is ours
         try:
@@ -164,7 +169,14 @@ class NodeRuntime:
         return RunResult(outputs, time.perf_counter() - start,
                          self._rc.trace)
 
-    def _begin(self, run_id, channels, trace, clock, conditions):
+    def _queue_writers(self, plan):
+        """`queue_writers` of ``plan``, worked out once per plan."""
+        found = self._writers.get(plan)
+        if found is None:
+            found = self._writers[plan] = queue_writers(plan)
+        return found
+
+    def _begin(self, run_id, channels, trace, clock, conditions, writers):
         links = None
         if conditions and (conditions.outgoing or conditions.incoming):
             start = clock.now_ns() if clock is not None else self._now_ns()
@@ -173,7 +185,7 @@ class NodeRuntime:
             self._current = run_id
             self._rc.begin(trace, clock)
             self._rc.slowdown = conditions.slowdown if conditions else 1.0
-            self._hub.begin(channels, links)
+            self._hub.begin(channels, links, writers)
             if self._cancelled_upto >= run_id:
                 self.cancelled.set()
 
