@@ -111,7 +111,8 @@ def test_a_partition_in_the_fault_plan_holds_then_releases(tmp_path):
 @pytest.mark.parametrize("args, words", [
     (("--simulate", "--session", "localhost"), "--simulate"),
     (("--op-seconds", "1ms"), "--op-seconds goes with --simulate"),
-    (("--slowdown", "trainer_1=0.5"), "factor >= 1"),
+    (("--slowdown", "trainer_1=0.5"), "trainer_1=0.5: a slowdown is a factor"
+                                      " >= 1"),
     (("--slowdown", "trainer_1"), "NODE=FACTOR"),
     (("--slowdown", "nosuch=2"), "'nosuch' matches no node"),
     (("--link", "reader->nosuch_*:latency=1ms"), "'nosuch_*' matches no "

@@ -13,7 +13,8 @@ import time
 import psutil
 import pytest
 
-from localcluster.cli.train.epochs import metrics_text, nodes_text, short_names
+from localcluster.cli.train.epochs import (change_text, metrics_text,
+                                          nodes_text, short_names)
 from localcluster.cli.rundir.metrics import METRICS_FILE, read_metrics
 
 from test_run import json_run, leftovers, run
@@ -394,3 +395,16 @@ def test_report_writes_the_runs_page_also_when_it_fails(tmp_path):
     assert text.startswith("<!DOCTYPE html>") and "<svg" in text
     assert "trainer_1" in text  # the error, named
     assert f"report: {page}" in done.stdout
+
+
+@pytest.mark.parametrize("first, last, says", [
+    (4.525, 0.01998, "226x lower"),
+    (0.01005, 0.009912, "1% lower"),     # was "1x lower"
+    (1.0, 0.8, "20% lower"),
+    (1.0, 1.25, "25% higher"),
+    (1.0, 3.0, "3x higher"),
+    (1.0, 0.0, "lower"),
+    (2.0, 2.0, "unchanged"),
+])
+def test_the_done_line_says_how_the_loss_changed_in_words(first, last, says):
+    assert change_text(first, last) == says

@@ -386,4 +386,6 @@ def parse_slowdown(text):
     if not eq or value is None:
         raise PlanError(f"--slowdown {text!r}: write NODE=FACTOR, such as "
                         "trainer_1=3 or 'trainer_*=2' (a factor >= 1)")
+    # named as written (trainer_1=0.5), not as the value's fields are
+    check_slowdown(value, node.strip())
     return Slowdown(node.strip(), value)

@@ -29,7 +29,7 @@ from .progress import IN_PROCESS, mib, scalar
 from ..numbered import families, numbered
 
 __all__ = ["EpochWatch", "LIST_AT_MOST", "short_names", "metrics_text",
-           "nodes_text"]
+           "nodes_text", "change_text"]
 
 #: node processes listed one by one on an epoch line; more are summarized
 LIST_AT_MOST = 4
@@ -97,6 +97,24 @@ def nodes_text(per_node, node_seconds):
     if slowest is not None:
         text += f"  last done {slowest} {node_seconds[slowest]:.3f} s"
     return text
+
+
+def change_text(first, last):
+    """How ``last`` compares with ``first``, in words a reader takes in at
+    once: ``226x lower`` from 2x on, else a percentage (``20% lower``,
+    never ``1x lower``); ``lower``/``higher`` where a ratio means nothing
+    (a value of 0 or below)."""
+    if last == first:
+        return "unchanged"
+    if first <= 0 or last <= 0:
+        return "lower" if last < first else "higher"
+    if first / last >= 2:
+        return f"{first / last:.0f}x lower"
+    if last / first >= 2:
+        return f"{last / first:.0f}x higher"
+    percent = abs(last - first) / first * 100
+    return (f"{percent:.2g}% " if percent < 1 else f"{percent:.0f}% ") + (
+        "lower" if last < first else "higher")
 
 
 def short_names(names):
@@ -311,7 +329,6 @@ class EpochWatch:
             text += f" ({ckpt:.2f} s checkpointing)"
         first = self.first_loss
         if final.get("loss") is not None and first is not None:
-            drop = first / final["loss"] if final["loss"] else float("inf")
             text += (f"; loss {first:.4g} -> {final['loss']:.4g} "
-                     f"({drop:.0f}x lower)")
+                     f"({change_text(first, final['loss'])})")
         return text + f"; checkpoints in {checkpoint_dir}"
