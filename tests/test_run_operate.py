@@ -408,3 +408,26 @@ def test_report_writes_the_runs_page_also_when_it_fails(tmp_path):
 ])
 def test_the_done_line_says_how_the_loss_changed_in_words(first, last, says):
     assert change_text(first, last) == says
+
+
+def test_a_wall_clock_stepped_back_makes_no_negative_run_time(
+        tmp_path, monkeypatch, capsys):
+    """The run's seconds in metrics.jsonl come from the monotonic clock:
+    an NTP step back by an hour mid-run changes the timestamps, never
+    the durations."""
+    from localcluster.cli.run import main
+    real, calls = time.time, []
+
+    def stepped_back():
+        calls.append(1)
+        return real() - (3600 if len(calls) > 1 else 0)
+    monkeypatch.setattr(time, "time", stepped_back)
+    code = main(["--session", "local", "--epochs", "1", "--checkpoint-dir",
+                 str(tmp_path)])
+    monkeypatch.undo()
+    assert code == 0, capsys.readouterr()
+    records = read_metrics(tmp_path / METRICS_FILE)
+    end = [r for r in records if r["kind"] == "end"][-1]
+    assert 0 <= end["seconds"] < 600, end
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    assert all(e["elapsed"] >= 0 and e["seconds"] >= 0 for e in epochs)

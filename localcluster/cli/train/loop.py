@@ -57,6 +57,9 @@ class Run:
                         "master_pid": os.getpid(),
                         "resumed_from": resume, "epochs": [], "status": "ok"}
         self.started = time.time()
+        # durations from the monotonic clock: a wall clock stepped back
+        # mid-run must not make a run last a negative time
+        self._began = time.monotonic()
         self.run_id = f"{self.started:.3f}-{os.getpid()}"
         self.metrics_log = None
         self.master_log = None
@@ -199,7 +202,7 @@ class Run:
         self.metrics_log.write({
             "kind": "end", "run": self.run_id, "time": time.time(),
             "status": status, "last_epoch": last,
-            "seconds": time.time() - self.started, "error": error})
+            "seconds": time.monotonic() - self._began, "error": error})
         self.metrics_log.close()
         self.metrics_log = None
 
