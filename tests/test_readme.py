@@ -183,3 +183,12 @@ def test_the_failure_sample_is_what_check_job_raises(tmp_path):
                           text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == sample
+
+
+def test_no_python_example_checkpoints_where_a_transcript_does():
+    """A reader who runs the examples and then the transcripts meets no
+    'holds another run's checkpoints': each writes its own directory."""
+    dirs = set(re.findall(r"--checkpoint-dir (\S+)", README.read_text()))
+    for block in python_blocks():
+        for directory in dirs:
+            assert f'"{directory}"' not in block, (directory, block[:200])
