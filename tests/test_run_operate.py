@@ -431,3 +431,23 @@ def test_a_wall_clock_stepped_back_makes_no_negative_run_time(
     assert 0 <= end["seconds"] < 600, end
     epochs = [r for r in records if r["kind"] == "epoch"]
     assert all(e["elapsed"] >= 0 and e["seconds"] >= 0 for e in epochs)
+
+
+@pytest.mark.parametrize("where", ["no-such-dir/r.html", "a-dir"])
+def test_a_report_path_that_cannot_be_written_is_refused_before_training(
+        tmp_path, where):
+    """``--report`` is checked first: one usage line, exit 2, nothing
+    trained, no checkpoint written, no temporary file left."""
+    (tmp_path / "a-dir").mkdir()
+    ckpt = tmp_path / "ckpt"
+    done = subprocess.run(
+        [sys.executable, "-m", "localcluster.run", "--epochs", "1",
+         "--checkpoint-dir", str(ckpt), "--report", str(tmp_path / where)],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "--report" in done.stderr and \
+        len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "epoch 1/1" not in done.stdout
+    assert not ckpt.exists() or not any(ckpt.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-dir", "ckpt"] \
+        or sorted(p.name for p in tmp_path.iterdir()) == ["a-dir"]

@@ -51,6 +51,7 @@ from .options import RunOptions
 from .resume import checkpoint_manager, resume_epoch
 from .signals import STOP, StopSignals, exit_status
 from .train.loop import Run
+from .outfile import OutputFile
 from .train.trace import TraceFile
 
 log = logging.getLogger("localcluster.run")
@@ -125,6 +126,8 @@ def _command(opts, signals):
     if opts.check is not None:
         return run_checks(opts, out)
     trace = TraceFile(opts.trace) if opts.trace else None
+    if opts.report is not None:
+        OutputFile("--report", opts.report)  # writable, before any training
     given = opts.checkpoint_dir
     if given is not None:
         make_dir(given, opts.resume)

@@ -3,89 +3,27 @@
 `chrome_trace` turns the runner's epoch reports into Chrome trace-event
 JSON (chrome://tracing, Perfetto): the runner and every node a track.
 
-`TraceFile` writes it where ``--trace FILE`` says -- to a regular file
-only.  A device, a FIFO, a directory or a symlink at FILE is refused
-before anything runs (writing through a symlink, or renaming over a
-device, is how a trace would destroy what it was never meant to touch),
-and so is a place where no file can be made.  The trace is written to a
-new temporary file beside FILE (created exclusively, never followed) and
-renamed over it, so a reader sees the old trace or the whole new one.
+`TraceFile` writes it where ``--trace FILE`` says (an `OutputFile`:
+checked before anything runs, written whole or not at all).
 """
 
 import json
-import os
-import stat
-import tempfile
 
-from ..jobspec import UsageError
-from ...checkpoint.atomic import atomic_write, unlink_quietly
+from ..outfile import OutputFile
 
 __all__ = ["TraceFile", "chrome_trace"]
 
 
-class TraceFile:
+class TraceFile(OutputFile):
     """``--trace FILE``: checked when made, written by `write`."""
 
     def __init__(self, path):
-        self.path = path
-        self.directory = os.path.dirname(os.path.abspath(path))
-        self._check_kind()
-        self._probe()
-
-    def _check_kind(self):
-        try:
-            found = os.lstat(self.path)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise UsageError(f"--trace {self.path} cannot be examined "
-                             f"({exc.strerror}); give the path of a regular "
-                             "file") from exc
-        if not stat.S_ISREG(found.st_mode):
-            raise UsageError(
-                f"--trace {self.path} cannot be written: it is "
-                f"{_kind(found.st_mode)}, not a regular file, and a trace "
-                "replaces the file at its path; give the path of a regular "
-                "file (or of none yet)")
-
-    def _probe(self):
-        """A file can be made where the trace goes (made and removed)."""
-        try:
-            fd, tmp = tempfile.mkstemp(
-                dir=self.directory,
-                prefix="." + os.path.basename(self.path) + ".",
-                suffix=".tmp")
-        except OSError as exc:
-            raise UsageError(
-                f"--trace {self.path} cannot be written: no file can be made "
-                f"in {self.directory} ({exc.strerror}); give a path in a "
-                "writable directory") from exc
-        os.close(fd)
-        unlink_quietly(tmp)
+        super().__init__("--trace", path)
 
     def write(self, trace):
         """Write ``trace`` (a JSON-able dict) to the file; `OSError` (its
         message one line naming the file) if it cannot be."""
-        try:
-            atomic_write(self.path, lambda f: json.dump(trace, f),
-                         binary=False, before_replace=self._check_kind)
-        except UsageError as exc:  # no longer a regular file, or none
-            raise OSError(str(exc)) from None
-        except OSError as exc:
-            raise OSError(f"--trace {self.path} could not be written: "
-                          f"{exc.strerror or exc}") from exc
-
-
-def _kind(mode):
-    for test, name in ((stat.S_ISLNK, "a symlink"),
-                       (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
+        self.write_with(lambda f: json.dump(trace, f))
 
 
 def chrome_trace(nodes, epochs, saves, os_pids=None):
