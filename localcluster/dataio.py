@@ -24,7 +24,7 @@ from .context import build_scope
 from .errors import PlanError
 from .plan.builder import NetBuilder, ops
 from .plan.net import BlobRef, Net
-from .task import Node
+from .task import Node, Task, TaskGroup
 
 __all__ = ["Record", "as_record", "Reader", "Writer", "Dataset",
            "ReaderWithLimit", "ReaderWithTimeLimit", "ReaderWithDelay",
@@ -219,16 +219,26 @@ class _DatasetReader(Reader):
         self.batch_size = batch_size
         self.cursor = BlobRef(f"{dataset.name}/cursor_{number}")
         self._cursor_made = True
+        #: the group of the task that made the cursor (None: no task did)
+        self._made_in = None
         if init_net is not None:
             init_net.ConstantFill([], [self.cursor], value=0, dtype="int64")
         elif NetBuilder.current(required=False) is not None:
-            ops.ConstantFill([], [self.cursor], value=0, dtype="int64")
+            ops.CreateCursor([], [self.cursor])
+            task = Task.current(required=False)
+            self._made_in = task.group if task is not None else None
         else:
             self._cursor_made = False  # made when the reading task starts
 
     def setup_ex(self, init_net, finish_net):
-        if not self._cursor_made:
-            init_net.ConstantFill([], [self.cursor], value=0, dtype="int64")
+        # A cursor made by a task of the group the reading task joins runs
+        # concurrently with it: the reading task makes it too, before its
+        # first read, and whichever of the two runs first makes it (once a
+        # run: `CreateCursor`) -- never a task racing its reader.
+        if not self._cursor_made or (
+                self._made_in is not None and
+                self._made_in is TaskGroup.current(required=False)):
+            init_net.CreateCursor([], [self.cursor])
 
     def read(self, read_net):
         data = self.dataset.content().field_blobs()

@@ -418,3 +418,37 @@ def test_several_writers_lose_no_record_under_any_schedule(seed):
     with LocalSession(schedule=seed) as session:
         test_a_queue_with_several_writers_closes_when_the_last_ends(
             session, "local", "local", "pipes")
+
+
+# -- a reader made inside a task of the reading group (the cursor race) -----
+
+def _reader_in_a_task(session, n=300, runs=2):
+    """``with Node(n), Task(): pipe(ds.reader(), q)`` -- the surrounding
+    task runs concurrently with the pipe's task, so it must not be the one
+    that makes (or rewinds) the cursor the pipe reads with."""
+    src, dst = make_datasets(
+        session, {"uid": np.arange(n), "value": np.ones(n)},
+        ["uid", "value"])
+    with TaskGroup() as tg:
+        with Node("local"), Task():
+            q = pipe(src.reader(), capacity=3)
+        with Node("local"):
+            pipe(q, dst.writer())
+    for run in range(1, runs + 1):
+        session.run(tg, timeout=60)
+        got = np.sort(dst.fetch(session)["uid"])
+        # every record once per run: each run reads from the start
+        np.testing.assert_array_equal(got, np.sort(np.tile(np.arange(n),
+                                                           run)))
+
+
+def test_a_reader_made_in_a_task_of_its_group_reads_every_record(session):
+    _reader_in_a_task(session)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_reader_made_in_a_task_of_its_group_reads_every_record_scheduled(
+        seed):
+    from localcluster import LocalSession
+    with LocalSession(schedule=seed) as session:
+        _reader_in_a_task(session, n=40)

@@ -94,6 +94,19 @@ def sleep(ctx, seconds=0.0):
         raise Cancelled("sleep ended: the run was cancelled")
 
 
+@register_op("CreateCursor", context=True, atomic=True, may_skip=True)
+def create_cursor(ctx):
+    """A dataset reader's cursor at 0 -- once per run: the task that built
+    the reader and the task that reads it may both create it, whichever
+    runs first; for the other it is made already, and it is left as it is
+    (a second 0 would rewind a read in progress)."""
+    made, name = ctx.run.made, ctx.op.outputs[0]
+    if name in made:
+        return None
+    made.add(name)
+    return np.zeros((), np.int64)
+
+
 @register_op("ReadDataset", context=True, min_outputs=1, max_outputs=None)
 def read_dataset(ctx, cursor, *data, batch_size=1):
     """(should_stop, *batch): the next ``batch_size`` records of the data

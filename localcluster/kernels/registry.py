@@ -38,10 +38,11 @@ class OpSchema:
 
     __slots__ = ("name", "kernel", "num_outputs", "min_outputs",
                  "max_outputs", "context", "arg_names", "fast", "atomic",
-                 "lends")
+                 "lends", "may_skip")
 
     def __init__(self, name, kernel, num_outputs, min_outputs, max_outputs,
-                 context, fast=None, atomic=False, lends=False):
+                 context, fast=None, atomic=False, lends=False,
+                 may_skip=False):
         self.name = name
         self.kernel = kernel
         self.num_outputs = num_outputs
@@ -52,6 +53,7 @@ class OpSchema:
         self.fast = fast  # same result as kernel for an op with no arguments
         self.atomic = atomic  # read, compute and write under the node lock
         self.lends = lends  # returns (outputs, done): outputs only lent
+        self.may_skip = may_skip  # None: its outputs are left as they are
 
     def check_args(self, args):
         if self.arg_names is None:
@@ -122,7 +124,8 @@ def _keyword_names(kernel):
 
 
 def register_op(name, *, num_outputs=1, min_outputs=None, max_outputs=None,
-                context=False, fast=None, atomic=False, lends=False):
+                context=False, fast=None, atomic=False, lends=False,
+                may_skip=False):
     """Register ``kernel`` as op type ``name``; use as a decorator.
 
     ``num_outputs`` is how many fresh outputs an op gets when the caller
@@ -136,6 +139,8 @@ def register_op(name, *, num_outputs=1, min_outputs=None, max_outputs=None,
     done)`` where the outputs may be views on memory it only lends (a
     queue's slot, say); the executor copies them into the workspace, then
     calls ``done()`` (unless it is None) -- also when storing fails.
+    ``may_skip=True``: the kernel may return None to leave its outputs as
+    they are (as a ``Python`` op may).
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise PlanError(
@@ -156,7 +161,7 @@ def register_op(name, *, num_outputs=1, min_outputs=None, max_outputs=None,
                     f"{_qualname(old.kernel)}; the registry is append-only, "
                     "so register your kernel under another name")
             _REGISTRY[name] = OpSchema(name, kernel, num_outputs, lo, hi,
-                                       context, fast, atomic, lends)
+                                       context, fast, atomic, lends, may_skip)
         return kernel
 
     return decorate

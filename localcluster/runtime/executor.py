@@ -79,6 +79,7 @@ class RunContext:
         self._compiled = {}
         self._compile_lock = threading.Lock()
         self.trace = None   # a list: the run records its step spans there
+        self.made = set()   # see begin
         #: the run's clock: `REAL_TIME`, or the run's `Scheduler`
         self.clock = REAL_TIME
         #: every op takes this many times as long (the run's conditions)
@@ -90,6 +91,8 @@ class RunContext:
 
     def begin(self, trace=False, clock=None):
         self.cancelled.clear()
+        #: blobs made once per run (a reader's cursor: `CreateCursor`)
+        self.made = set()
         self.trace = [] if trace else None
         self.clock = REAL_TIME if clock is None else clock
 
@@ -129,8 +132,9 @@ class RunContext:
         elif op.args:
             kernel = functools.partial(kernel, **op.args)
         fire = self.faults.trigger(op) if self.faults is not None else None
-        # A Python op may return None to leave its outputs unwritten.
-        lenient = op.type == "Python"
+        # A Python op (or one registered may_skip) may return None to leave
+        # its outputs unwritten.
+        lenient = op.type == "Python" or schema.may_skip
         single = op.outputs[0] if len(op.outputs) == 1 and not lenient \
             else None
         # An atomic op reads, computes and writes under the node's lock; a
