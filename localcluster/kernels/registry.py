@@ -38,7 +38,7 @@ class OpSchema:
 
     __slots__ = ("name", "kernel", "num_outputs", "min_outputs",
                  "max_outputs", "context", "arg_names", "fast", "atomic",
-                 "lends", "may_skip")
+                 "lends", "may_skip", "inputs")
 
     def __init__(self, name, kernel, num_outputs, min_outputs, max_outputs,
                  context, fast=None, atomic=False, lends=False,
@@ -54,6 +54,8 @@ class OpSchema:
         self.atomic = atomic  # read, compute and write under the node lock
         self.lends = lends  # returns (outputs, done): outputs only lent
         self.may_skip = may_skip  # None: its outputs are left as they are
+        #: (fewest, most or None) inputs the kernel takes; None: unknown
+        self.inputs = _input_counts(kernel, context)
 
     def check_args(self, args):
         if self.arg_names is None:
@@ -64,6 +66,19 @@ class OpSchema:
             raise PlanError(
                 f"op {self.name} got unknown argument(s) {', '.join(unknown)};"
                 f" its arguments are: {allowed}")
+
+    def check_num_inputs(self, n):
+        """PlanError when the op is given ``n`` inputs its kernel cannot
+        take -- found as the op is built, not as numpy's words at run
+        time."""
+        if self.inputs is None:
+            return
+        lo, hi = self.inputs
+        if n < lo or (hi is not None and n > hi):
+            want = (f"{lo}" if hi == lo else f"at least {lo}"
+                    if hi is None else f"{lo} to {hi}")
+            raise PlanError(
+                f"op {self.name} takes {want} input(s), got {n}")
 
     def check_num_outputs(self, n):
         hi = self.max_outputs
@@ -101,6 +116,23 @@ class OpContext:
     def for_op(self, op):
         return OpContext(self.node, self.lock, self.cancelled, self.run,
                          self.resources, op)
+
+
+def _input_counts(kernel, context):
+    """``(fewest, most)`` inputs of ``kernel`` (most None: any number):
+    its positional parameters without a default (after the `OpContext`
+    of a ``context`` kernel); None if its signature cannot be read."""
+    try:
+        params = list(inspect.signature(kernel).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if context:
+        params = params[1:]
+    fixed = sum(1 for p in params
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                and p.default is p.empty)
+    variadic = any(p.kind is p.VAR_POSITIONAL for p in params)
+    return fixed, None if variadic else fixed
 
 
 def _keyword_names(kernel):

@@ -216,6 +216,7 @@ class Net:
         args = dict(args or {})
         schema.check_args(args)
         in_names = blob_names(inputs, f"inputs of {schema.name}")
+        schema.check_num_inputs(len(in_names))
         prefix = schema.name.lower()
         if outputs is None:
             outputs = schema.num_outputs

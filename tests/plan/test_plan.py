@@ -9,6 +9,7 @@ import contextlib
 import functools
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -764,3 +765,21 @@ def test_net_python_op(session):
     session.run(net)
     assert str(y) == "answer"
     assert int(session.fetch_blob("answer")) == 42
+
+
+@pytest.mark.parametrize("build, says", [
+    (lambda n: n.Add(["a"]), "op Add takes 2 input(s), got 1"),
+    (lambda n: n.Neg(["a", "b"]), "op Neg takes 1 input(s), got 2"),
+    (lambda n: n.ConstantFill(["a"], shape=[1], value=1.0, dtype=None),
+     None),                                        # any number: fine
+    (lambda n: n.Sum(["a", "b", "c"]), None),
+])
+def test_an_op_given_inputs_its_kernel_cannot_take_is_refused_when_built(
+        build, says):
+    """Found as the op is built -- not at run time in numpy's words, after
+    the init group ran and epoch 0 was checkpointed."""
+    if says is None:
+        build(Net("n"))
+        return
+    with pytest.raises(PlanError, match=re.escape(says)):
+        build(Net("n"))
