@@ -313,6 +313,7 @@ class JobRunner:
                 f"no checkpoint of it under {cm.db_prefix}; the latest "
                 f"complete epoch there is {cm.latest_epoch_on_disk()}"
                 f"{getattr(session, 'CHECKPOINT_REACH', '')}")
+        _check_same_nodes(cm, resume, nodes)
         try:
             self._run(session, cm.init(nodes, retrieve_from_epoch=resume))
             self._run(session, cm.load(resume))
@@ -400,6 +401,26 @@ def _truthy(value):
     if isinstance(value, (list, tuple)):
         return any(_truthy(v) for v in value)
     return bool(np.asarray(value).any())
+
+
+def _check_same_nodes(cm, epoch, nodes):
+    """A `CheckpointError` when the checkpoints of ``epoch`` were written
+    by a job with other checkpointed nodes than ``nodes``: resuming would
+    train a mix of two jobs (a 2-trainer run's weights, one trainer)."""
+    differ = cm.other_job_nodes(epoch, nodes)
+    if differ is None:
+        return
+    written, ours = differ
+    gone = sorted(set(written) - set(ours))
+    new = sorted(set(ours) - set(written))
+    raise CheckpointError(
+        f"cannot resume from epoch {epoch}: its checkpoints under "
+        f"{cm.db_prefix} are of a job whose nodes are {written}, not this "
+        f"job's {ours}"
+        + (f" (not in this job: {gone})" if gone else "")
+        + (f" (new in this job: {new})" if new else "")
+        + "; resume the job that wrote them (the same nodes), or start "
+        "over in another directory")
 
 
 def _what_failed(exc):

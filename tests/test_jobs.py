@@ -382,3 +382,36 @@ def test_an_upload_builder_must_implement_build():
 
     with pytest.raises(TypeError, match="build"):
         Incomplete()
+
+
+def _counting_job(nodes):
+    """Every node of ``nodes`` adds 1 to its ``w`` each epoch, 3 epochs."""
+    with Job() as job:
+        for node in nodes:
+            with Node(node):
+                with job.init_group, Task():
+                    ops.Const(np.zeros(2), name="w")
+                with Task():
+                    ops.Add(["w", ops.Const(np.ones(2))], ["w"])
+        epoch_limiter(job, 3)
+    return job
+
+
+def test_resuming_checkpoints_of_another_set_of_nodes_is_refused(
+        session, tmp_path):
+    """A 2-trainer run's checkpoints resumed by a 1-trainer job would
+    train a mix of the two jobs: a CheckpointError naming the difference,
+    before anything is loaded or trained."""
+    runner = JobRunner(_counting_job(["trainer_0", "trainer_1"]),
+                       MultiNodeCheckpointManager(str(tmp_path)))
+    runner.train(session)
+    fewer = JobRunner(_counting_job(["trainer_0"]),
+                      MultiNodeCheckpointManager(str(tmp_path)),
+                      resume_from_epoch=2)
+    with pytest.raises(CheckpointError,
+                       match=r"not in this job: \['trainer_1'\]"):
+        fewer.train(session)
+    same = JobRunner(_counting_job(["trainer_0", "trainer_1"]),
+                     MultiNodeCheckpointManager(str(tmp_path)),
+                     resume_from_epoch=2)
+    assert same.train(session) == 3

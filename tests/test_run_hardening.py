@@ -663,3 +663,24 @@ def test_resume_latest_resumes_from_the_latest_complete_epoch(tmp_path):
     summary, _ = json_run("--checkpoint-dir", ckpt, "--resume", "latest")
     assert summary["resumed_from"] == 2
     assert [e["epoch"] for e in summary["epochs"]] == [3]
+
+
+def test_resume_without_the_run_file_refuses_another_number_of_nodes(
+        tmp_path):
+    """The checkpoints themselves say which nodes wrote them: with the run
+    file gone, --resume --nodes 1 on a 2-trainer run's checkpoints is one
+    error line naming the missing trainer, not a mixed job trained to
+    exit 0."""
+    ckpt = str(tmp_path / "c")
+    first = subprocess.run(command("--nodes", "2", "--epochs", "2",
+                                   "--threads", "1", "--checkpoint-dir", ckpt),
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    os.unlink(os.path.join(ckpt, "localcluster-run.json"))
+    again = subprocess.run(command("--nodes", "1", "--epochs", "3",
+                                   "--checkpoint-dir", ckpt, "--resume"),
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 1, (again.stdout, again.stderr)
+    error = [l for l in again.stderr.splitlines() if l.startswith("error:")]
+    assert len(error) == 1 and "trainer_1" in error[0], again.stderr
+    assert "epoch 3/3" not in again.stdout

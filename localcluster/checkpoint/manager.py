@@ -278,6 +278,24 @@ class _Manager:
                 return epoch
         return None
 
+    def other_job_nodes(self, epoch, nodes=None):
+        """``(written, ours)`` when the checkpoints of ``epoch`` were
+        written by a job with other checkpointed nodes than those
+        ``init(nodes)`` would checkpoint (their manifests' ``job_nodes``);
+        None when they are the same, or not recorded (checkpoints from
+        before they were)."""
+        ours = sorted(self._init_nodes(nodes))
+        for node in ours:
+            try:
+                manifest = read_manifest(self.get_ckpt_db_name(node, epoch),
+                                         node=node, epoch=epoch)
+            except CheckpointError:
+                continue
+            written = sorted(_job_nodes(manifest))
+            if written:
+                return None if written == ours else (written, ours)
+        return None
+
     def nodes_without(self, epoch, nodes=None):
         """Which of the nodes ``init(nodes)`` would checkpoint have no
         checkpoint file of ``epoch``."""
