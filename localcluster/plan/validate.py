@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import PlanError
 
 __all__ = ["queues_of", "queue_writers", "check_cross_node_queues",
-           "feedable", "check_seconds"]
+           "feedable", "check_feedable", "check_seconds"]
 
 _QUEUE_ROLES = {"EnqueueRecord": "writes", "DequeueRecords": "reads"}
 
@@ -79,13 +79,27 @@ def check_cross_node_queues(plans, queues=None):
     return shared
 
 
+#: what a fed blob may hold: booleans and numbers (dtype kinds)
+_NUMERIC = frozenset("biufc")
+
+
+def check_feedable(name, value, array):
+    """A TypeError unless ``array`` (``np.asarray(value)``) holds booleans
+    or numbers: text (``feed_blob("w", "hello")``), bytes and objects are
+    no blob an op computes with, and a node's workspace keeps none."""
+    if array.dtype.kind not in _NUMERIC:
+        got = type(value).__name__
+        if array.dtype.kind in "USV" and not array.dtype.hasobject:
+            got += f" of dtype {array.dtype}"
+        raise TypeError(
+            f"feed_blob({name!r}): value must be numeric array-like, got "
+            f"{got}; feed numbers (np.asarray(value, dtype=float), say)")
+
+
 def feedable(name, value):
     """``value`` as the numeric array a node's workspace stores."""
     array = np.array(value, copy=True)
-    if array.dtype.hasobject:
-        raise TypeError(
-            f"feed_blob({name!r}): value must be numeric array-like, got "
-            f"{type(value).__name__}")
+    check_feedable(name, value, array)
     return array
 
 

@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import BlobNotFoundError, RunTimeoutError
 from ..plan.node_plan import process_options
-from ..plan.validate import feedable
+from ..plan.validate import check_feedable
 from ..runtime import shm
 from ..runtime.faults import faults_of_node, shared_book
 from ..task import Cluster
@@ -293,8 +293,7 @@ class LocalHostScheduler(Session):
     def feed_blob(self, name, value, node="local"):
         self._check_open()
         array = np.asarray(value)
-        if array.dtype.hasobject:
-            feedable(name, value)  # raises: the node keeps numbers only
+        check_feedable(name, value, array)  # the node keeps numbers only
         node = str(node)
         handle = self._idle_node(node) or self._ensure(
             {node: Cluster.current().node_kwargs().get(node, {})})[0]
