@@ -109,3 +109,33 @@ def test_check_of_a_job_with_state_outside_its_checkpoints_fails_and_replays(
 def test_check_names_only_known_checks():
     done = run("--check", "sessions_agree,bogus")
     assert done.returncode == 2 and "'bogus' is no check" in done.stderr
+
+
+@pytest.mark.parametrize("text, timeout, epochs, says", [
+    ("hang trainer_0 at epoch 1", None, 2, "with no --timeout: the run will "
+                                           "wait for the hung node forever"),
+    ("hang trainer_0 at epoch 1", 5.0, 2, None),
+    ("kill trainer_0 at epoch 99", None, 2, "the run trains 2 epoch(s), so "
+                                            "epoch 99 is never reached"),
+    ("fail-checkpoint ps at epoch 3", None, 2, "epoch 3 is never reached"),
+    ("kill trainer_0 at epoch 2", None, 2, None),
+    ("kill trainer_0 at op Add", None, 2, None),
+])
+def test_faults_that_cannot_do_what_they_seem_are_warned_at_start(
+        text, timeout, epochs, says):
+    from localcluster.cli.run import fault_warnings
+    from localcluster.testing import FaultPlan
+    warnings = fault_warnings(FaultPlan.parse(text), timeout, epochs)
+    if says is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and says in warnings[0], warnings
+
+
+def test_an_unreachable_fault_is_one_warning_line_and_the_run_goes_on(
+        tmp_path):
+    done = run("--epochs", "1", "--checkpoint-dir", str(tmp_path),
+               "--faults", "kill trainer_1 at epoch 5")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("warning: --faults 'kill trainer_1 at epoch 5'"
+                             ": the run trains 1 epoch(s)") == 1, done.stderr

@@ -8,6 +8,7 @@ from ..errors import PlanError
 from .conditions import SIM_OP_SECONDS
 from .cpus import parse_cpus
 from ..plan.conditions import parse_link, parse_seconds, parse_slowdown
+from ..plan.fault_text import SYNTAX as FAULT_SYNTAX
 from ..plan.faults import FaultPlan
 from ..sessions.kinds import KINDS
 
@@ -178,8 +179,8 @@ def parser():
                         "the run fails (or restarts, with --max-restarts)")
     p.add_argument("--faults", type=_faults, metavar="PLAN",
                    help="inject faults into the run, e.g. 'kill trainer_1 "
-                        "at epoch 3' (several: separated by ';'; see "
-                        "README)")
+                        "at epoch 3' (several: separated by ';'): "
+                        + FAULT_SYNTAX)
     p.add_argument("--check", nargs="?", const="all", metavar="CHECKS",
                    help="instead of training, check the job: all checks, "
                         "or a comma list of sessions_agree, "

@@ -48,6 +48,8 @@ from .rundir.directory import (TEMP_PREFIX, DirLock, check_fresh,
 from .jobspec import (RunFailure, UsageError, build_job, first_line,
                       job_nodes, load_builder, nodes_matching)
 from .options import RunOptions
+from ..plan.fault_text import fault_text
+from ..plan.fault_types import Epoch, Hang
 from .resume import checkpoint_manager, resume_epoch
 from .signals import STOP, StopSignals, exit_status
 from .train.loop import Run
@@ -143,6 +145,10 @@ def _command(opts, signals):
             check_fresh(directory, opts.overwrite)
         job, options, values = _build(opts.job)
         _check_fault_nodes(opts.session.faults, job)
+        for warning in fault_warnings(opts.session.faults,
+                                      opts.session.timeout,
+                                      values.get("epochs")):
+            sys.stderr.write(f"warning: {warning}\n")
         apply_cpus(job, opts.session.cpus)
         manager = checkpoint_manager(directory, job)
         resume = None if opts.resume is None else resume_epoch(
@@ -162,6 +168,27 @@ def _command(opts, signals):
 def _check_fault_nodes(faults, job):
     for node in faults.nodes() if faults else ():
         nodes_matching("--faults", node, job_nodes(job), literal=True)
+
+
+def fault_warnings(faults, timeout, epochs):
+    """What to say before a run of ``faults`` that cannot do what it
+    seems to: a hang with no ``--timeout`` (the run waits forever), a
+    trigger at an epoch the run never reaches (the fault never fires)."""
+    out = []
+    for fault in faults or ():
+        text = fault_text(fault)
+        if isinstance(fault, Hang) and timeout is None:
+            out.append(f"--faults {text!r} with no --timeout: the run will "
+                       "wait for the hung node forever (Ctrl-C stops it); "
+                       "give --timeout SECONDS to see it fail (or restart,"
+                       " with --max-restarts)")
+        at = getattr(fault, "at", None)
+        k = at.k if isinstance(at, Epoch) else getattr(fault, "epoch", None)
+        if epochs is not None and isinstance(k, int) and k > epochs:
+            out.append(f"--faults {text!r}: the run trains {epochs} "
+                       f"epoch(s), so epoch {k} is never reached and the "
+                       "fault will not fire")
+    return out
 
 
 def _build(chosen):
