@@ -332,6 +332,7 @@ def test_the_cli_takes_a_metrics_file_and_an_output(tmp_path, capsys):
     ("no metrics", 2, "written by `python -m localcluster.run` runs"),
     ("unwritable", 1, "cannot be written"),
     ("bad option", 2, "unrecognized arguments"),
+    ("not metrics", 2, "holds no record of a run"),   # was: exit 0, a page
 ])
 def test_cli_errors_are_one_line_and_an_exit_status(tmp_path, case, status,
                                                     says):
@@ -342,7 +343,8 @@ def test_cli_errors_are_one_line_and_an_exit_status(tmp_path, case, status,
             "no metrics": [str(empty)],
             "unwritable": [str(tmp_path), "-o",
                            str(tmp_path / "no" / "dir" / "r.html")],
-            "bad option": [str(tmp_path), "--frobnicate"]}[case]
+            "bad option": [str(tmp_path), "--frobnicate"],
+            "not metrics": [__file__, "-o", str(tmp_path / "r.html")]}[case]
     done = subprocess.run([sys.executable, "-m", "localcluster.report",
                            *argv], capture_output=True, text=True,
                           timeout=30)
@@ -372,3 +374,28 @@ def test_a_real_runs_directory_makes_a_report(tmp_path):
     assert ">ok</span>" in page
     assert _points(_chart(page, "loss")) == 2
     assert os.path.getsize(ckpt / "report.html") > 0
+
+
+def test_a_line_nested_past_the_parser_is_skipped_not_a_traceback(tmp_path):
+    """A line of 100,000 nested lists (RecursionError in the parser) is a
+    line that is not ours: skipped, and the report, ``ckpt ls`` and
+    ``run --report`` read the rest."""
+    path = tmp_path / "metrics.jsonl"
+    R.write(path, R.one_run(epochs=2))
+    with open(path, "a") as f:
+        f.write("[" * 100_000 + "]" * 100_000 + "\n")
+    from localcluster.cli.rundir.metrics import read_metrics
+    assert [r["kind"] for r in read_metrics(path)] == \
+        [r["kind"] for r in R.one_run(epochs=2)]
+    assert rpt.main([str(tmp_path), "-o", str(tmp_path / "r.html")]) == 0
+
+
+def test_an_unreadable_directory_is_said_so_not_a_missing_file(
+        tmp_path, monkeypatch, capsys):
+    R.write(tmp_path / "metrics.jsonl", R.one_run(epochs=1))
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False
+                        if os.fspath(p) == str(tmp_path) else real(p, mode))
+    assert rpt.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be read" in err and "has no" not in err, err

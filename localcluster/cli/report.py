@@ -24,6 +24,7 @@ Each error is one line.
 """
 
 import base64
+import errno
 import hashlib
 import os
 import sys
@@ -166,6 +167,8 @@ def find_metrics(path):
     ``(metrics file, directory)``.  FileNotFoundError, with a message
     saying what to give instead, when there is none."""
     if os.path.isdir(path):
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "permission denied", path)
         metrics = os.path.join(path, METRICS_FILE)
         if not os.path.isfile(metrics):
             raise FileNotFoundError(
@@ -229,6 +232,12 @@ def _main(args, prog):
     try:
         metrics, directory = find_metrics(args.path)
         records = read_metrics(metrics)
+        if not records:
+            raise FileNotFoundError(
+                f"{metrics} holds no record of a run: it is not a "
+                f"{METRICS_FILE} (a run writes its first line as it "
+                "starts); give a run's checkpoint directory or its "
+                f"{METRICS_FILE}")
     except FileNotFoundError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2

@@ -122,13 +122,14 @@ class MetricsLog:
 
 def read_metrics(path):
     """The records of a ``metrics.jsonl``, in order.  A line that is not a
-    JSON object (torn by a crash, or not ours) is skipped."""
+    JSON object (torn by a crash, or not ours -- nested past what the
+    parser can hold, say) is skipped."""
     records = []
     with open(path, "rb") as f:
         for raw in f:
             try:
                 record = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(record, dict) and "kind" in record:
                 records.append(record)
