@@ -388,7 +388,8 @@ class JobRunner:
         message = f"checkpoint of epoch {epoch} was not written ({why})"
         if self.on_checkpoint_error == "raise":
             raise CheckpointError(message) from cause
-        log.error("%s; training goes on", message)
+        # a warning (training goes on): to the log, and to the caller's code
+        log.warning("%s; training goes on", message)
         warnings.warn(f"{message}; training goes on", CheckpointWarning,
                       stacklevel=4)
         self.result.checkpoint_errors.append((epoch, message))

@@ -451,3 +451,22 @@ def test_a_report_path_that_cannot_be_written_is_refused_before_training(
     assert not ckpt.exists() or not any(ckpt.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-dir", "ckpt"] \
         or sorted(p.name for p in tmp_path.iterdir()) == ["a-dir"]
+
+
+def test_an_unwritten_checkpoint_is_one_line_and_the_done_line_says_what_resumes(
+        tmp_path):
+    """A checkpoint that cannot be written: one warning line (not the log
+    line, the same warning again and its source line), and the done line
+    says which epoch a resume would start from."""
+    done = subprocess.run(
+        [sys.executable, "-m", "localcluster.run", "--epochs", "3",
+         "--checkpoint-dir", str(tmp_path),
+         "--faults", "fail-checkpoint ps at epoch 3"],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    said = [line for line in (done.stdout + done.stderr).splitlines()
+            if "checkpoint of epoch 3 was not written" in line]
+    assert len(said) == 1, done.stdout + done.stderr
+    assert "CheckpointWarning" not in done.stderr
+    last = [l for l in done.stdout.splitlines() if l.startswith("done:")][0]
+    assert last.endswith("; the last complete checkpoint is epoch 2"), last

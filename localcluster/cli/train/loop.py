@@ -10,8 +10,9 @@ import os
 import platform
 import sys
 import time
+import warnings
 
-from ...errors import LocalClusterError
+from ...errors import CheckpointWarning, LocalClusterError
 from ...job import JobRunner
 from ...sessions.kinds import KindNotInstalled, session_class
 from ...task import TaskOutput
@@ -267,7 +268,11 @@ class Run:
         sys.stdout, sys.stderr = map(progress.guard, shown)
         progress.start_live(self.watch.live_text)
         try:
-            last = self.runner.train(session)
+            with warnings.catch_warnings():
+                # the runner's log line says it once; not again with the
+                # warnings module's source line
+                warnings.simplefilter("ignore", CheckpointWarning)
+                last = self.runner.train(session)
         finally:
             progress.stop_live()
             sys.stdout, sys.stderr = saved
@@ -307,6 +312,18 @@ class Run:
         self._write_trace()
         return self._failed(1, failure.line, latest=latest,
                             node=getattr(exc, "node", None), quiet=True)
+
+    def _unsaved_text(self, last):
+        """What the done line adds when checkpoints were not written: what
+        a resume could start from."""
+        if not self.runner.result.checkpoint_errors:
+            return ""
+        latest = self._latest()
+        if latest is None:
+            return "; no checkpoint was written: nothing can be resumed"
+        if latest != last:
+            return f"; the last complete checkpoint is epoch {latest}"
+        return ""
 
     def _latest(self):
         try:
@@ -355,7 +372,8 @@ class Run:
                       for e, m in runner.result.restarts])
         self._add_pids()
         self._end_metrics("ok", last)
-        progress.line(self.watch.done_line(last, seconds, self.directory))
+        progress.line(self.watch.done_line(last, seconds, self.directory)
+                      + self._unsaved_text(last))
         if self.opts.session.faults is not None:
             fired = self.opts.session.faults.fired()
             summary["faults_fired"] = [
