@@ -684,3 +684,47 @@ def test_resume_without_the_run_file_refuses_another_number_of_nodes(
     error = [l for l in again.stderr.splitlines() if l.startswith("error:")]
     assert len(error) == 1 and "trainer_1" in error[0], again.stderr
     assert "epoch 3/3" not in again.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoint_directory_moved_mid_run_stops_the_run(tmp_path):
+    """Renamed while the run trains: the run stops with one error line
+    saying where the directory went -- it never re-creates the old path
+    and splits its epochs over two directories."""
+    old, new = tmp_path / "ckpt", tmp_path / "moved"
+    proc = subprocess.Popen(
+        command("--epochs", "500", "--checkpoint-dir", str(old)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.split()[:2] == ["epoch", "2/500"]:
+                break
+        os.rename(old, new)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err
+    errors = [l for l in err.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1, err
+    assert "was removed" in errors[0] and f"now at {new}" in errors[0], err
+    assert not old.exists(), sorted(os.listdir(old))
+
+
+def test_a_refused_resume_epoch_is_never_the_one_suggested(tmp_path):
+    """--resume 2 refused (this job has a node the checkpoints lack) must
+    not say 'use --resume 2': the latest epoch of the other nodes is the
+    very one refused."""
+    ckpt = str(tmp_path / "c")
+    first = subprocess.run(command("--nodes", "2", "--epochs", "2",
+                                   "--checkpoint-dir", ckpt),
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    os.unlink(os.path.join(ckpt, "localcluster-run.json"))
+    again = subprocess.run(command("--nodes", "3", "--checkpoint-dir", ckpt,
+                                   "--resume", "2"),
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 1, again.stderr
+    assert "trainer_2" in again.stderr, again.stderr
+    assert "use --resume 2" not in again.stderr, again.stderr
