@@ -108,12 +108,14 @@ def fastest(session, plain, conditioned, node, repeats=5):
 
 
 def slowed_about_3x(ratio):
-    """A 3x slowdown seen in real time: at least 3x less 20%; at most
-    1.5 x 3x -- a slowed node's ops are charged what they really took,
-    and ops right after its slowdown waits run colder (caches, a vCPU
-    idle a moment): 3.1-4.3x measured on a shared 2-core box.  Under a
-    schedule the virtual clock makes it exact (tests below)."""
-    return 3.0 * 0.8 <= ratio <= 3.0 * 1.5
+    """A 3x slowdown seen in wall time on a shared 2-core box: applied
+    (2x at least -- not applied is 1x) and applied once (7.5x at most --
+    twice would be 9x).  Not closer: a slowed node's ops are charged what
+    they really took, ops right after its waits run colder, and the
+    fastest plain run of 50 ms varied from 47 to 82 ms within one full
+    run here (3.1x to 5.0x seen).  The exact factor is checked on the
+    virtual clock (`test_simulated_a_slowdown_of_4_...` below)."""
+    return 2.0 <= ratio <= 7.5
 
 
 def within(measured, expected, tolerance):
