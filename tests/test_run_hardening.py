@@ -708,7 +708,12 @@ def test_a_checkpoint_directory_moved_mid_run_stops_the_run(tmp_path):
     assert proc.returncode == 1, err
     errors = [l for l in err.splitlines() if l.startswith("error:")]
     assert len(errors) == 1, err
-    assert "was removed" in errors[0] and f"now at {new}" in errors[0], err
+    assert f"now at {new}" in errors[0], err
+    if "was replaced" in errors[0]:
+        # renamed while a save was under way (a slow test process): that
+        # save made the old path again; the next one stopped the run
+        return
+    assert "was removed" in errors[0], err
     assert not old.exists(), sorted(os.listdir(old))
 
 
