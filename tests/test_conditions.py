@@ -122,6 +122,15 @@ def within(measured, expected, tolerance):
     return abs(measured - expected) <= tolerance * expected
 
 
+def on_time(measured, expected):
+    """A real-time figure of a link or a partition: never early (15% for
+    the clock's own grain), and late by less than a bug would make it --
+    a doubled latency, a record held twice.  On a loaded 2-core machine a
+    0.25 s partition was measured at 0.31 s (+24%); the exact figures are
+    checked on the virtual clock below."""
+    return 0.85 * expected <= measured <= 1.6 * expected
+
+
 # -- real time: LocalSession and LocalHostScheduler --------------------------
 
 def test_a_link_of_bandwidth_b_moves_n_bytes_in_n_over_b(session_factory):
@@ -132,7 +141,7 @@ def test_a_link_of_bandwidth_b_moves_n_bytes_in_n_over_b(session_factory):
                                      bandwidth=bandwidth)])
     base, took = fastest(session, plain, linked, "trainer", repeats=3)
     expected = n * RECORD_BYTES / bandwidth           # 0.2 s
-    assert within(took, expected, 0.15), (took, expected, base)
+    assert on_time(took, expected), (took, expected, base)
 
 
 def test_link_latency_adds_the_latency(session_factory):
@@ -143,7 +152,7 @@ def test_link_latency_adds_the_latency(session_factory):
     late = transfer(n, size=10, capacity=n,
                     links=[Link("reader", "trainer", latency=latency)])
     base, took = fastest(session, plain, late, "trainer", repeats=3)
-    assert within(took - base, latency, 0.15), (took, base)
+    assert on_time(took - base, latency), (took, base)
 
 
 def test_slowdown_3_makes_a_nodes_ops_take_3_times_as_long(session_factory):
@@ -175,7 +184,7 @@ def test_a_partition_holds_records_and_releases_all_in_order_at_heal(
     took, seen, total = run_transfer(session, transfer(n, capacity=n))
     assert seen == list(range(n))
     assert total == expected_total(n)
-    assert within(took, heal, 0.15), took
+    assert on_time(took, heal), took
 
 
 def test_conditions_change_no_result(session_factory):
