@@ -177,12 +177,14 @@ class InLink:
 @dataclasses.dataclass(frozen=True)
 class NodeConditions:
     """One node's conditions in one run: its ``slowdown``, the queues it
-    writes over a link (``outgoing``: their records carry the time they
-    were sent) and those it reads over one (``incoming``: ``{queue id:
-    InLink}``)."""
+    writes over a link (``outgoing``: ``((queue id, index), ...)``, its
+    records carry the time they were sent and the index of their writing
+    node) and those it reads over one (``incoming``: ``((queue id,
+    inlinks), ...)``, ``inlinks`` the `InLink` from each writing node, by
+    that index)."""
     slowdown: float = 1.0
-    outgoing: frozenset = frozenset()
-    incoming: tuple = ()   # ((queue id, InLink), ...)
+    outgoing: tuple = ()   # ((queue id, writer index), ...)
+    incoming: tuple = ()   # ((queue id, (InLink, ...)), ...)
 
     def __bool__(self):
         return self.slowdown != 1.0 or bool(self.outgoing or self.incoming)
@@ -226,7 +228,7 @@ def resolve(plans, conditions, partitions, epoch, queues):
     ``slowdown``); ``conditions``: Links and Slowdowns, later ones
     winning; ``partitions``: ``[(index, Partition)]`` of the session's
     fault plan; ``epoch``: the JobRunner epoch of the run or None;
-    ``queues``: ``{queue id: (writer node, reader node)}`` of the run's
+    ``queues``: ``{queue id: (writer nodes, reader nodes)}`` of the run's
     cross-node queues."""
     slowdowns = {}
     for plan in plans:
@@ -240,24 +242,39 @@ def resolve(plans, conditions, partitions, epoch, queues):
                     slowdowns[plan.node] = c.factor
     links = [c for c in conditions if isinstance(c, Link)]
     outgoing, incoming = {}, {}
-    for queue, (src, dst) in sorted(queues.items()):
-        link = None
-        for candidate in links:
-            if candidate.matches(src, dst):
-                link = candidate
-        windows = tuple(w for index, p in partitions
-                        for w in _windows(p, src, dst, epoch))
-        if link is None and not windows:
+    for queue, (writers, readers) in sorted(queues.items()):
+        # every pair of a writing and a reading node of the queue: if any
+        # is over a link (or partitioned), every writer stamps its records
+        # and every reader holds each record as its own link says
+        inlinks, linked = {}, False
+        for dst in readers:
+            for index, src in enumerate(writers):
+                link = None
+                if src != dst:
+                    for candidate in links:
+                        if candidate.matches(src, dst):
+                            link = candidate
+                windows = () if src == dst else tuple(
+                    w for _, p in partitions
+                    for w in _windows(p, src, dst, epoch))
+                linked = linked or link is not None or bool(windows)
+                inlinks[dst, index] = InLink(
+                    src, dst, link.latency if link else 0.0,
+                    link.bandwidth if link else None,
+                    link.jitter if link else 0.0,
+                    f"{link.seed if link else 0}:{src}->{dst}:{epoch}",
+                    windows)
+        if not linked:
             continue
-        outgoing.setdefault(src, set()).add(queue)
-        incoming.setdefault(dst, []).append((queue, InLink(
-            src, dst, link.latency if link else 0.0,
-            link.bandwidth if link else None, link.jitter if link else 0.0,
-            f"{link.seed if link else 0}:{src}->{dst}:{epoch}", windows)))
+        for index, src in enumerate(writers):
+            outgoing.setdefault(src, []).append((queue, index))
+        for dst in readers:
+            incoming.setdefault(dst, []).append((queue, tuple(
+                inlinks[dst, index] for index in range(len(writers)))))
     found = {}
     for node in {p.node for p in plans}:
         nc = NodeConditions(slowdowns.get(node, 1.0),
-                            frozenset(outgoing.get(node, ())),
+                            tuple(outgoing.get(node, ())),
                             tuple(incoming.get(node, ())))
         if nc:
             found[node] = nc

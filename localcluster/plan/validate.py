@@ -3,21 +3,21 @@
 A session calls these before it starts anything, so LocalSession refuses
 exactly what LocalHostScheduler (or any later session) would:
 
-- `check_cross_node_queues(plans)`: a queue used on more than one node
-  takes its writers from one node and its readers from one node (a
-  cross-process channel guards each side with a lock of its own process);
-  returns ``{queue id: capacity}`` of those queues;
+- `shared_queues(plans)`: the queues used on more than one node, with
+  what their channel between processes needs to know (`SharedQueue`):
+  any number of writer and reader nodes share one;
 - `queue_writers(plan)`: how many writers of each queue end in a run of
   the plan (the queue closes when the last of them ends);
 - `feedable(name, value)`: the array ``session.feed_blob`` stores -- a
   numeric copy; an object array cannot live in a node's workspace.
 """
 
+import collections
+
 import numpy as np
 
-from ..errors import PlanError
 
-__all__ = ["queues_of", "queue_writers", "check_cross_node_queues",
+__all__ = ["queues_of", "queue_writers", "SharedQueue", "shared_queues",
            "feedable", "check_feedable", "check_seconds"]
 
 _QUEUE_ROLES = {"EnqueueRecord": "writes", "DequeueRecords": "reads"}
@@ -52,12 +52,21 @@ def queue_writers(plan):
     return found
 
 
-def check_cross_node_queues(plans, queues=None):
-    """``{queue id: capacity}`` of the queues ``plans`` use on more than
-    one node; a `PlanError` if one has writers (or readers) on several.
+#: a queue used on more than one node of a run: its ``capacity``, how many
+#: ``writers`` end in the run on all its nodes (the last closes it: see
+#: `queue_writers`), and the nodes that write it and that read it
+SharedQueue = collections.namedtuple(
+    "SharedQueue", "capacity writers writer_nodes reader_nodes")
 
-    ``queues`` may give `queues_of` of each plan by node, when the caller
-    keeps it."""
+
+def shared_queues(plans, queues=None, writers=None):
+    """``{queue id: SharedQueue}`` of the queues ``plans`` use on more than
+    one node.  Any number of nodes may write and read one: each record is
+    read once, and the queue closes when the last writer of the run ends,
+    on whichever node.
+
+    ``queues`` and ``writers`` may give `queues_of` and `queue_writers` of
+    each plan by node, when the caller keeps them."""
     users = {}
     for plan in plans:
         found = queues[plan.node] if queues is not None else queues_of(plan)
@@ -67,15 +76,16 @@ def check_cross_node_queues(plans, queues=None):
     for queue, (capacity, by_node) in users.items():
         if len(by_node) < 2:
             continue
-        for role in ("writes", "reads"):
-            nodes = sorted(n for n, roles in by_node.items() if role in roles)
-            if len(nodes) > 1:
-                raise PlanError(
-                    f"queue {queue!r} has tasks on nodes {nodes} that all "
-                    f"{role[:-1]} it; a queue between node processes takes "
-                    "its writers from one node and its readers from one node"
-                    " -- use one queue per producing node")
-        shared[queue] = capacity
+        ends = 0
+        for plan in plans:
+            if plan.node in by_node:
+                counts = writers[plan.node] if writers is not None \
+                    else queue_writers(plan)
+                ends += counts.get(queue, 0)
+        shared[queue] = SharedQueue(
+            capacity, ends,
+            tuple(sorted(n for n, r in by_node.items() if "writes" in r)),
+            tuple(sorted(n for n, r in by_node.items() if "reads" in r)))
     return shared
 
 

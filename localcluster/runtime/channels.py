@@ -6,7 +6,10 @@ that use it find its channel in the node's runtime resources
 run by the session: LocalSession's nodes share their channels; a node
 process has its own (cross-node queues attach a shared-memory channel
 there).  A queue closes when a reader closes it, or when the last of its
-writers in the run has ended (`ChannelHub.writer_ended`).
+writers in the run has ended (`ChannelHub.writer_ended`): the hub counts
+a queue's writers when they are all on its node; a channel shared by
+several nodes counts them itself, over all its nodes (``counts_writers``:
+it was told how many end in the run).
 
 A channel holds records -- tuples of arrays whose first axis is the batch.
 ``put`` blocks while the channel is full, ``get(n)`` until ``n`` records
@@ -36,13 +39,17 @@ class LocalChannel:
     """A bounded, closable queue of records between threads; ``name``
     says which queue it is in what its waits report."""
 
-    def __init__(self, capacity, name=None):
+    def __init__(self, capacity, name=None, writers=None):
         self.capacity = max(1, int(capacity))
         self._items = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
         self._aborted = False
         self.name = name
+        #: writers of the run on all the nodes sharing this channel (None:
+        #: the node's hub counts them)
+        self.counts_writers = writers is not None
+        self._writers_left = writers
 
     def __repr__(self):
         return (f"LocalChannel({self.name!r}, {len(self._items)}/"
@@ -102,6 +109,14 @@ class LocalChannel:
             self._closed = True
             self._cond.notify_all()
 
+    def writer_ended(self):
+        """One of the run's writers ended; the last closes the queue."""
+        with self._cond:
+            self._writers_left -= 1
+            if self._writers_left <= 0:
+                self._closed = True
+                self._cond.notify_all()
+
     def abort(self):
         with self._cond:
             self._aborted = True
@@ -144,10 +159,14 @@ class ChannelHub:
     def writer_ended(self, queue_id, capacity):
         """One writer of ``queue_id`` ended; the last of the run's writers
         closes the queue (the others' records are all in it by then)."""
+        channel = self.channel(queue_id, capacity)
+        if getattr(channel, "counts_writers", False):
+            channel.writer_ended()   # shared by nodes: it counts them all
+            return
         with self._lock:
             ended = self._ended[queue_id] = self._ended.get(queue_id, 0) + 1
         if ended >= self._writers.get(queue_id, 1):
-            self.channel(queue_id, capacity).close()
+            channel.close()
 
     def channel(self, queue_id, capacity):
         found = self._channels.get(queue_id)  # made already: no lock needed

@@ -24,8 +24,10 @@ schedule's virtual clock:
   c + 1 records in flight.  A partition in force holds a
   record that would arrive while it lasts until it heals.
 
-Records travel with their sending time as one more field, so every
-channel (in-process, shared memory, an engine's) carries them unchanged.
+Records travel with their sending time -- and the index of their writing
+node, for a queue several nodes write, each over its own link -- as one
+more field, so every channel (in-process, shared memory, an engine's)
+carries them unchanged.
 Times are the run's clock: virtual ns under a schedule, else the host's
 ``now_ns`` (CLOCK_MONOTONIC, which every process of this machine shares;
 a host spanning machines passes wall-clock ns).
@@ -85,17 +87,31 @@ class LinkedWriter:
     """The writing node's end of a queue over a link: each record goes
     with the time it was sent (one more field)."""
 
-    def __init__(self, channel, now_ns):
+    def __init__(self, channel, now_ns, index=0, reads_linked=False):
         self._channel = channel
         self._now_ns = now_ns
+        self._index = index   # of this node among the queue's writers
+        #: ``channel`` is this node's LinkedReader of the same queue,
+        #: which takes the stamps off what it reads
+        self._strip = not reads_linked
 
     def put(self, record, cancelled=None, clock=None):
-        stamp = np.array([_real_ns(clock, self._now_ns)()], np.int64)
+        stamp = np.array([_real_ns(clock, self._now_ns)(), self._index],
+                         np.int64)
         return self._channel.put(tuple(record) + (stamp,), cancelled, clock)
 
     def get(self, n, cancelled=None, clock=None):
         records, finished, done = self._channel.get(n, cancelled, clock)
+        if not self._strip:
+            return records, finished, done
         return [r[:-1] for r in records], finished, done
+
+    @property
+    def counts_writers(self):
+        return getattr(self._channel, "counts_writers", False)
+
+    def writer_ended(self):
+        self._channel.writer_ended()
 
     def close(self):
         self._channel.close()
@@ -144,9 +160,9 @@ class LinkedReader:
     """The reading node's end of a queue over a link: a record is handed
     over once it has arrived (see the module docstring)."""
 
-    def __init__(self, channel, state, now_ns, queue):
+    def __init__(self, channel, states, now_ns, queue):
         self._channel = channel
-        self._state = state
+        self._states = states   # a LinkState per writing node, by index
         self._now_ns = now_ns
         self._queue = queue
 
@@ -157,22 +173,25 @@ class LinkedReader:
         records, finished, done = self._channel.get(n, cancelled, clock)
         if not records:
             return records, finished, done
-        due, holder = 0, None
-        arrival = self._state.arrival
+        due, holder, state = 0, None, None
         for record in records:
             nbytes = sum(f.nbytes for f in record[:-1])
-            due, holder = arrival(int(record[-1][0]), nbytes)
+            sent, index = record[-1]
+            here = self._states[int(index)]
+            arrives, held = here.arrival(int(sent), nbytes)
+            if arrives >= due:
+                due, holder, state = arrives, held, here
         try:
-            self._hold(due, holder, cancelled, clock)
+            self._hold(due, holder, state, cancelled, clock)
         except BaseException:
             if done is not None:
                 done()
             raise
         return [r[:-1] for r in records], finished, done
 
-    def _hold(self, due, holder, cancelled, clock):
+    def _hold(self, due, holder, state, cancelled, clock):
         now_ns = _real_ns(clock, self._now_ns)
-        link = f"{self._state.inlink.src}->{self._state.inlink.dst}"
+        link = f"{state.inlink.src}->{state.inlink.dst}"
         what = (f"a record of queue {self._queue!r} held by {holder}"
                 if holder else f"a record of queue {self._queue!r} in "
                 f"flight on link {link}")
@@ -184,6 +203,13 @@ class LinkedReader:
             if clock.wait(cancelled, seconds, what=what):
                 raise Cancelled(f"queue wait ended: the run was cancelled "
                                 f"while {what}")
+
+    @property
+    def counts_writers(self):
+        return getattr(self._channel, "counts_writers", False)
+
+    def writer_ended(self):
+        self._channel.writer_ended()
 
     def close(self):
         self._channel.close()
@@ -197,20 +223,30 @@ class RunLinks:
     channel the end the node needs (a channel hub calls it)."""
 
     def __init__(self, conditions, start_ns, now_ns):
-        self._outgoing = conditions.outgoing
+        self._outgoing = dict(conditions.outgoing)
         self._incoming = dict(conditions.incoming)
         self._start_ns = start_ns
         self._now_ns = now_ns
         self._states = {}   # by sending node: the queues of a link share it
 
     def wrap(self, queue, channel):
-        if queue in self._outgoing:
-            return LinkedWriter(channel, self._now_ns)
-        inlink = self._incoming.get(queue)
-        if inlink is None:
-            return channel
+        """The end of ``queue`` this node needs: a writer's stamps its
+        records, a reader's holds them; a node that does both (a queue
+        several nodes write and read) stamps what it writes and holds
+        what it reads."""
+        index = self._outgoing.get(queue)
+        inlinks = self._incoming.get(queue)
+        if inlinks is not None:
+            states = tuple(self._state(inlink) for inlink in inlinks)
+            channel = LinkedReader(channel, states, self._now_ns, queue)
+        if index is not None:
+            channel = LinkedWriter(channel, self._now_ns, index,
+                                   inlinks is not None)
+        return channel
+
+    def _state(self, inlink):
         state = self._states.get(inlink.src)
         if state is None:
             state = self._states[inlink.src] = LinkState(inlink,
                                                          self._start_ns)
-        return LinkedReader(channel, state, self._now_ns, queue)
+        return state

@@ -89,6 +89,8 @@ def unique_name(prefix):
 def _owner_of(name):
     """``(pid, start ticks or None)`` of the master a segment name says
     made it; None for a name that is none of ours."""
+    if name.startswith(SEMAPHORE):
+        name = name[len(SEMAPHORE):]
     fields = name[len(PREFIX):].split("_")
     try:
         pid = int(fields[0])
@@ -202,10 +204,18 @@ def unlink(name):
         return False
 
 
+#: what the C library puts before a named semaphore's name in /dev/shm
+SEMAPHORE = "sem."
+
+
 def segments(prefix=PREFIX):
-    """Names of the segments in /dev/shm starting with ``prefix``."""
+    """Names of the segments in /dev/shm starting with ``prefix`` -- and
+    of the named semaphores (a queue's lock when several nodes write or
+    read it) whose name does, ``sem.<name>`` there."""
+    sem = SEMAPHORE + prefix
     try:
-        return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefix))
+        return sorted(n for n in os.listdir(SHM_DIR)
+                      if n.startswith(prefix) or n.startswith(sem))
     except FileNotFoundError:
         return []
 

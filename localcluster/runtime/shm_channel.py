@@ -52,11 +52,26 @@ the CPU's caches instead of through all ``capacity`` of them.
 them where they go and then calls the ``done`` callback it got, which
 hands the slots back to the producer.
 
-All of a queue's writers are on one node and all its readers on another
-(the scheduler checks), so each side's words are only written by its own
-process (``closed`` by either, only ever to 1), under the end's thread
-lock.  Several threads of one side may wait at once: one that wakes and
-leaves something for the others rings their bell again.
+When all of a queue's writers are on one node and all its readers on
+another -- the common case, and the fast one -- each side's words are only
+written by its own process (``closed`` by either, only ever to 1), under
+the end's thread lock.  Several threads of one side may wait at once: one
+that wakes and leaves something for the others rings their bell again.
+
+Several writer nodes, or several reader nodes (fan-in, fan-out): the
+master made the queue a semaphore (``shared_lock``), and every end takes
+it with its thread lock (`shm_control.ProcessLock`), so all the words are
+written under one lock -- by whichever process.  No end then keeps what
+others may need: a producer takes one free slot per record (not every
+free slot into its pool), a consumer only the records it asked for (not
+every record queued), and a slot written by one producer may next be
+written by another (`shm_slots`).  Records are read once each, in the
+order they were queued; a waiter of one process wakes those of others
+the same way as its own threads.
+
+The queue closes when the last writer of the run ends, on any node: the
+master says how many end in the run (word ``writers``), and each counts
+itself in word ``ended`` under the lock (`ShmChannel.writer_ended`).
 
 Ordering.  Words are int64, 8-byte aligned, each read or written whole
 (one aligned access through a memoryview of format "q"; never
@@ -98,10 +113,10 @@ import threading
 from . import shm
 from .cancel import CancelEvent
 from .clock import metered
-from .shm_control import (CLOSED, CONSUMER_SLEEPS, FREED, HEAD, MAX_CAPACITY,
-                          REUSED, TAIL, WAIT_CONSUMERS, WAIT_PRODUCERS,
-                          ChannelParts, control_words, drain, fifo, layout,
-                          ring_bell)
+from .shm_control import (CLOSED, CONSUMER_SLEEPS, ENDED, FREED, HEAD,
+                          MAX_CAPACITY, REUSED, TAIL, WAIT_CONSUMERS,
+                          WAIT_PRODUCERS, WRITERS, ChannelParts, ProcessLock,
+                          control_words, drain, fifo, layout, ring_bell)
 from .shm_slots import SlotSegments
 from ..errors import Cancelled
 
@@ -123,25 +138,34 @@ _ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 class ShmChannel:
     """One node's end of a cross-node queue (see the module docstring)."""
 
+    #: the channel counts the run's writers on all its nodes (the master
+    #: tells it how many end): a node's hub leaves the counting to it
+    counts_writers = True
+
     def __init__(self, desc):
         self.prefix = desc["prefix"]
         self.capacity = capacity = desc["capacity"]
         self.queue = desc.get("queue")
+        #: several writer or reader nodes: one lock for all (see above)
+        self._shared = shared = bool(desc.get("shared_lock"))
+        self._aborted = False
         self._control = shm.map_segment(desc["control"], writable=True)
         self._words = control_words(self._control, capacity)
         generations, self._ring, stamps, self._free_ring, _ = \
             layout(capacity)
         self._segments = SlotSegments(self.prefix, self.queue, self._words,
-                                      generations, stamps)
+                                      generations, stamps, shared)
         self._free = fifo(os.path.join(shm.SHM_DIR, self.prefix + "free"))
         self._full = fifo(os.path.join(shm.SHM_DIR, self.prefix + "full"))
-        self._lock = threading.Lock()
+        self._lock = ProcessLock(self.prefix, lambda: self._aborted) \
+            if shared else threading.Lock()
         # held for good, released and re-acquired only by `_fence`
         self._barrier = threading.Lock()
         self._barrier.acquire()
         self._big = False     # the last record was big: reuse hot slots
-        #: free slots a waiting producer waits for (see _producer_patience)
-        self._batch = max(1, min(capacity // 4, 32))
+        #: free slots a waiting producer waits for (see _producer_patience):
+        #: one when producers of several nodes share them
+        self._batch = 1 if shared else max(1, min(capacity // 4, 32))
         self.begin()
 
     def begin(self):
@@ -229,14 +253,26 @@ class ShmChannel:
             self._big = self._segments.write(slot, record)
         except BaseException:
             with lock:
-                self._pool.append(slot)
+                self._unused(slot)
             raise
         with lock:
             if words[CLOSED]:
-                self._pool.append(slot)
+                self._unused(slot)
                 return False
             self._publish(slot)
         return True
+
+    def _unused(self, slot):
+        """Keep ``slot``, taken and not queued, for the next record (under
+        the lock); with producers on several nodes, back in the free ring,
+        where they all find it."""
+        if not self._shared:
+            self._pool.append(slot)
+            return
+        words, capacity = self._words, self.capacity
+        freed = words[FREED]
+        words[self._free_ring + freed % capacity] = slot
+        words[FREED] = freed + 1
 
     def _publish(self, slot):
         """Queue the record written into ``slot`` (under the lock)."""
@@ -268,15 +304,36 @@ class ShmChannel:
                     if words[WAIT_PRODUCERS]:
                         ring_bell(self._free)   # the others see it too
                     return None
-                if not pool or self._big:
-                    self._collect_free()
-                if pool:
-                    slot = pool.pop()
-                    if pool and words[WAIT_PRODUCERS]:
-                        ring_bell(self._free)   # some left for the others
-                    return slot
+                if self._shared:
+                    slot = self._take_free()
+                    if slot is not None:
+                        return slot
+                else:
+                    if not pool or self._big:
+                        self._collect_free()
+                    if pool:
+                        slot = pool.pop()
+                        if pool and words[WAIT_PRODUCERS]:
+                            ring_bell(self._free)   # some left for others
+                        return slot
             self._sleep(WAIT_PRODUCERS, self._free, self._producer_patience,
                         cancelled)
+
+    def _take_free(self):
+        """One slot of the free ring, the oldest, or None (under the lock):
+        what a producer takes when producers of several nodes share the
+        slots (none keeps slots others wait for)."""
+        words = self._words
+        freed, reused = words[FREED], words[REUSED]
+        if freed == reused:
+            return None
+        if not _ORDERED:
+            self._fence()  # freed, then the ring (and the slot)
+        slot = words[self._free_ring + reused % self.capacity]
+        words[REUSED] = reused + 1
+        if freed > reused + 1 and words[WAIT_PRODUCERS]:
+            ring_bell(self._free)   # some left for the others
+        return slot
 
     def _collect_free(self):
         """Move the slots the consumer handed back into the pool, the
@@ -356,6 +413,9 @@ class ShmChannel:
             if closed and not _ORDERED:
                 self._fence()   # closed, then tail: records put before it
             head, tail = words[HEAD], words[TAIL]
+            if self._shared:
+                # readers on several nodes: take what was asked, no more
+                tail = min(tail, head + want - len(slots))
             if head < tail:
                 if not _ORDERED:
                     self._fence()   # tail, then the ring (and the slots)
@@ -368,10 +428,11 @@ class ShmChannel:
                     slots.append(taken.popleft())
                 except IndexError:
                     break
-            if taken or closed:
+            left = taken or words[TAIL] > tail
+            if left or closed:
                 if words[WAIT_CONSUMERS]:
                     ring_bell(self._full)   # some left, or closed: the others
-            return not taken and bool(closed)
+            return not left and bool(closed)
 
     def _consumer_patience(self):
         """How long a consumer waits (0: not at all); a producer waiting
@@ -419,6 +480,16 @@ class ShmChannel:
         # wake whoever waits on either side; they see the flag
         ring_bell(self._free)
         ring_bell(self._full)
+
+    def writer_ended(self):
+        """One of the run's writers ended, on this node; the last of them
+        on all the queue's nodes closes it."""
+        words = self._words
+        with self._lock:
+            ended = words[ENDED] = words[ENDED] + 1
+            last = ended >= words[WRITERS]
+        if last:
+            self.close()
 
     def abort(self):
         self._aborted = True

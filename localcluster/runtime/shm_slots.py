@@ -12,6 +12,12 @@ words and keeps its views while the slot's generation and layout stamp
 (bumped by the producer whenever it writes a new layout) stay the same:
 most queues carry records of one layout, so a record costs no pickling
 and no mapping once each slot has been used.
+
+When several node processes write one queue (``shared``), a slot passes
+from one producer to another: a producer maps the segment another made
+(if the record fits), writes a layout only if the slot holds another,
+and trusts its views on a slot only while the layout stamp is the one it
+saw -- another producer may have written the slot since.
 """
 
 import pickle
@@ -35,14 +41,16 @@ class SlotSegments:
     ``words`` are the channel's control words: word ``generations + slot``
     is the slot's generation, ``stamps + slot`` its layout stamp."""
 
-    def __init__(self, prefix, queue, words, generations, stamps):
+    def __init__(self, prefix, queue, words, generations, stamps,
+                 shared=False):
         self.prefix = prefix
+        self._shared = shared
         self.queue = queue
         self._words = words
         self._generations = generations
         self._stamps = stamps
         self._mapped = {}     # slot -> (generation, mmap)
-        self._views = {}      # slot -> (generation, views, big): writing
+        self._views = {}      # slot -> (generation, views, big, stamp)
         self._rviews = {}     # slot -> (generation, stamp, views): reading
 
     def write(self, slot, record):
@@ -53,7 +61,9 @@ class SlotSegments:
         cached = self._views.get(slot)
         if cached is not None and \
                 cached[0] == self._words[self._generations + slot] and \
-                len(cached[1]) == len(record):
+                len(cached[1]) == len(record) and \
+                (not self._shared or
+                 cached[3] == self._words[self._stamps + slot]):
             # the common case: checked and copied field by field (a field
             # that does not match is copied again below)
             for view, a in zip(cached[1], record):
@@ -80,6 +90,10 @@ class SlotSegments:
             size += np.dtype(dtype).itemsize * int(np.prod(shape,
                                                            dtype=np.int64))
         mapped = self._mapped.get(slot)
+        if self._shared and generation and \
+                (mapped is None or mapped[0] != generation):
+            # another producer made this slot's segment
+            mapped = (generation, self._map(slot, generation))
         if mapped is None or mapped[0] != generation or \
                 len(mapped[1]) < size:
             # the new segment first: if /dev/shm is full, the slot keeps
@@ -91,14 +105,17 @@ class SlotSegments:
             self._words[self._generations + slot] = generation
         else:
             mm = mapped[1]
-        struct.pack_into("q", mm, 0, len(meta))
-        mm[8:8 + len(meta)] = meta
-        # a new layout: the consumer's views on this slot are stale
-        self._words[self._stamps + slot] += 1
+        if struct.unpack_from("q", mm, 0)[0] != len(meta) or \
+                mm[8:8 + len(meta)] != meta:
+            struct.pack_into("q", mm, 0, len(meta))
+            mm[8:8 + len(meta)] = meta
+            # a new layout: the consumer's views on this slot are stale
+            self._words[self._stamps + slot] += 1
         views = [np.ndarray(shape, np.dtype(dtype), buffer=mm, offset=offset)
                  for (dtype, shape), offset in zip(key, offsets)]
         big = size >= BIG
-        self._views[slot] = (generation, views, big)
+        self._views[slot] = (generation, views, big,
+                             self._words[self._stamps + slot])
         return views, big
 
     def reader_views(self, slot):
@@ -156,11 +173,12 @@ class SlotSegments:
             f"{self.queue!r} were all taken in {shm.SHM_DIR}")
 
     def _map(self, slot, generation):
-        """The mapping of the producer's segment for ``slot`` (consumer
-        side)."""
+        """The mapping of the segment another end made for ``slot``."""
         cached = self._mapped.get(slot)
         if cached is not None and cached[0] == generation:
             return cached[1]
-        mm = shm.map_segment(self._name(slot, generation))
+        # writable when shared: an end may write the slots it reads
+        mm = shm.map_segment(self._name(slot, generation),
+                             writable=self._shared)
         self._mapped[slot] = (generation, mm)
         return mm

@@ -14,7 +14,7 @@ import time
 import weakref
 
 from ..plan.conditions import (Link, check_patterns, in_force, resolve)
-from ..plan.validate import queues_of
+from ..plan.validate import shared_queues
 
 __all__ = ["RunConditions", "timeout_note"]
 
@@ -77,19 +77,11 @@ class RunConditions:
 
 
 def _cross_queues(plans):
-    """``{queue id: (writing node, reading node)}`` of the queues ``plans``
-    use across nodes."""
-    users = {}
-    for plan in plans:
-        for queue, (_, roles) in queues_of(plan).items():
-            entry = users.setdefault(queue, [None, None, set()])
-            entry[2].add(plan.node)
-            if "writes" in roles:
-                entry[0] = plan.node
-            if "reads" in roles:
-                entry[1] = plan.node
-    return {q: (w, r) for q, (w, r, nodes) in users.items()
-            if len(nodes) > 1 and w is not None and r is not None and w != r}
+    """``{queue id: (writing nodes, reading nodes)}`` of the queues
+    ``plans`` use across nodes."""
+    return {q: (use.writer_nodes, use.reader_nodes)
+            for q, use in shared_queues(plans).items()
+            if use.writer_nodes and use.reader_nodes}
 
 
 def timeout_note(partitions):

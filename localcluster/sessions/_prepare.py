@@ -5,16 +5,17 @@ the first time it runs, then kept for as long as the plan lives
 (`Prepared`); a node that already holds a plan is sent only its id (each
 `NodeHandle` mirrors its node's plan cache: same size, same eviction).
 A queue used on more than one node gets a shared-memory channel
-(`ChannelParts`), made on first use, reset -- empty and open -- for every
-run, and released once no plan the session keeps names its queue
-(`QueueChannels`).
+(`ChannelParts`), made on first use -- with a lock for all its ends when
+several nodes write or read it -- reset for every run -- empty, open, and
+told how many writers end in the run -- and released once no plan the
+session keeps names its queue (`QueueChannels`).
 """
 
 import itertools
 import weakref
 
 from ..plan.packing import pack_plan
-from ..plan.validate import check_cross_node_queues, queues_of
+from ..plan.validate import queue_writers, queues_of, shared_queues
 from ..runtime import shm
 from ..runtime.host import PLAN_CACHE
 from ..runtime.shm_channel import ChannelParts
@@ -32,19 +33,20 @@ class Prepared:
         self._dumps = dumps   # the pickler of plans (`pack_plan`)
 
     def __call__(self, plans):
-        """``{node: (plan id, bytes, queues)}`` and the cross-node queues
-        of a run; a plan that cannot be sent fails here, before anything
-        starts."""
+        """``{node: (plan id, bytes, queues, writers)}`` and the cross-node
+        queues of a run (`shared_queues`); a plan that cannot be sent fails
+        here, before anything starts."""
         prepared = {p.node: self._one(p) for p in plans}
-        shared = check_cross_node_queues(
-            plans, {node: p[2] for node, p in prepared.items()})
+        shared = shared_queues(
+            plans, {node: p[2] for node, p in prepared.items()},
+            {node: p[3] for node, p in prepared.items()})
         return prepared, shared
 
     def _one(self, plan):
         found = self._prepared.get(plan)
         if found is None:
             found = (next(self._ids), pack_plan(plan, self._dumps),
-                     queues_of(plan))
+                     queues_of(plan), queue_writers(plan))
             self._prepared[plan] = found
         return found
 
@@ -52,7 +54,7 @@ class Prepared:
 def run_message(handle, rid, prepared, channels, options):
     """The RUN request for ``handle``: the plan's bytes only if the node
     does not keep it already."""
-    plan_id, payload, _ = prepared
+    plan_id, payload = prepared[:2]
     if not must_send(handle.plans, plan_id):
         payload = None
     return (P.RUN, rid, plan_id, payload, channels, options)
@@ -87,7 +89,7 @@ class QueueChannels:
 
     def __init__(self, prefix):
         self._prefix = prefix
-        self._parts = {}   # queue id -> {capacity: ChannelParts}
+        self._parts = {}   # queue id -> {(capacity, lock): ChannelParts}
         self._seq = itertools.count()
         self._counted = weakref.WeakSet()   # plans counted in _named
         self._named = {}   # queue id -> how many counted plans name it
@@ -97,8 +99,9 @@ class QueueChannels:
 
     def for_run(self, shared, plans=(), prepared=None):
         """``{queue id: descriptor}`` of the run's cross-node queues
-        (``shared``: ``{queue id: capacity}``), each reset for the run;
-        ``prepared`` gives ``(id, bytes, queues)`` of each plan by node."""
+        (``shared``: ``{queue id: SharedQueue}``), each reset for the run;
+        ``prepared`` gives ``(id, bytes, queues, writers)`` of each plan by
+        node."""
         if shared:
             for plan in plans:
                 if plan not in self._counted:
@@ -106,13 +109,15 @@ class QueueChannels:
         if self._dead:
             self._collect()
         channels = {}
-        for queue, capacity in sorted(shared.items()):
-            by_capacity = self._parts.setdefault(queue, {})
-            parts = by_capacity.get(capacity)
+        for queue, use in sorted(shared.items()):
+            # one lock for all ends when several nodes write or read it
+            key = (use.capacity, len(use.writer_nodes) > 1 or
+                   len(use.reader_nodes) > 1)
+            by_kind = self._parts.setdefault(queue, {})
+            parts = by_kind.get(key)
             if parts is None:
-                parts = by_capacity[capacity] = self._make(queue, capacity)
-            else:
-                parts.reset()
+                parts = by_kind[key] = self._make(queue, *key)
+            parts.reset(use.writers)
             channels[queue] = parts.desc
         return channels
 
@@ -147,13 +152,14 @@ class QueueChannels:
                     for node in users:
                         self._drops.setdefault(node, []).append(parts.prefix)
 
-    def _make(self, queue, capacity):
+    def _make(self, queue, capacity, shared_lock):
         """A new channel under a prefix nobody can guess (a name someone
         created first is skipped for another)."""
         for _ in range(shm.CREATE_TRIES):
             prefix = shm.unique_name(f"{self._prefix}q{next(self._seq)}_")
             try:
-                return ChannelParts(prefix + "_", capacity, queue)
+                return ChannelParts(prefix + "_", capacity, queue,
+                                    shared_lock)
             except FileExistsError:
                 continue
         raise FileExistsError(
@@ -161,8 +167,8 @@ class QueueChannels:
             f"{queue!r} were all taken in {shm.SHM_DIR}")
 
     def close(self):
-        for by_capacity in self._parts.values():
-            for parts in by_capacity.values():
+        for by_kind in self._parts.values():
+            for parts in by_kind.values():
                 parts.close()
         self._parts.clear()
         self._named.clear()

@@ -29,9 +29,14 @@ before the end.
 
 What a reader took and did not read by the end of its run is dropped with
 the run, as every channel's records are (channels start empty every
-run); with several readers of one queue, records one reader took are not
-seen by another -- a reader that stops early (a limit) may leave the
-others fewer records than a shared in-process queue would.
+run).  A queue read by several nodes is read without that batching: each
+reader takes only the records it asked for, so none is kept from the
+others (a reader that stops early -- a limit -- leaves them the rest).
+
+A queue closes when the last of the run's writers ends, on any node: the
+session tells the channel actor how many end in the run, and each
+writer's end (`RayChannel.writer_ended`, after its buffered records are
+in) counts itself there.
 
 The session makes one channel actor per cross-node queue (and capacity),
 resets it -- empty, open, not aborted -- before every run that uses it,
@@ -72,21 +77,25 @@ class ChannelActor:
         self._cond = None
         self._run = None      # the run it serves: a late batch of an
                               # earlier run is refused, not queued
+        self._writers = 1     # writers that end in the run
+        self._ended = 0
 
     def _condition(self):
         if self._cond is None:   # made on the actor's event loop
             self._cond = asyncio.Condition()
         return self._cond
 
-    async def reset(self, run, capacity=None, name=None):
+    async def reset(self, run, capacity=None, name=None, writers=1):
         """Empty and open, for run ``run`` (of queue ``name`` holding
-        ``capacity`` records: an actor from a pool serves any queue)."""
+        ``capacity`` records: an actor from a pool serves any queue) in
+        which ``writers`` writers end."""
         async with self._condition():
             if capacity is not None:
                 self.capacity, self.name = max(1, int(capacity)), name
             self._items.clear()
             self._closed = self._aborted = False
             self._run = run
+            self._writers, self._ended = writers, 0
             self._cond.notify_all()
         return os.getpid()
 
@@ -128,6 +137,15 @@ class ChannelActor:
             self._closed = True
             self._cond.notify_all()
 
+    async def writer_ended(self, run):
+        """A writer of run ``run`` ended; the last of the run's closes."""
+        async with self._condition():
+            if run == self._run:
+                self._ended += 1
+                if self._ended >= self._writers:
+                    self._closed = True
+                    self._cond.notify_all()
+
     async def abort(self):
         async with self._condition():
             self._aborted = True
@@ -137,9 +155,15 @@ class ChannelActor:
 class RayChannel:
     """A node's end of a `ChannelActor`: `LocalChannel`'s interface."""
 
-    def __init__(self, handle, run, name, capacity):
+    #: the channel actor counts the run's writers on all nodes
+    counts_writers = True
+
+    def __init__(self, handle, run, name, capacity, readers=1):
         self._handle = handle
         self._run = run
+        #: records a read takes at most: only what it asked for when
+        #: several nodes read the queue
+        self._most = BATCH if readers < 2 else 0
         self.name = name
         self._capacity = max(1, int(capacity))
         self._cond = threading.Condition()
@@ -200,12 +224,22 @@ class RayChannel:
 
     def close(self):
         """Close the queue once what this writer put is in it."""
+        self._sent()
+        ray.get(self._handle.close.remote())
+
+    def writer_ended(self):
+        """This writer ended: counted once what it put is in the queue
+        (the last writer of the run, on any node, closes it)."""
+        self._sent()
+        ray.get(self._handle.writer_ended.remote(self._run))
+
+    def _sent(self):
+        """Wait until what this writer put is in the channel actor."""
         with self._cond:
             self._cond.wait_for(lambda: not self._sending or
                                 self._state is not None)
             if self._state == "aborted":
                 self._cancelled()
-        ray.get(self._handle.close.remote())
 
     def abort(self):
         with self._cond:
@@ -222,7 +256,7 @@ class RayChannel:
         n = max(1, int(n))
         if len(self._inbox) < n:
             status, records = _metered_get(self._handle.get_many.remote(
-                n - len(self._inbox), BATCH))
+                n - len(self._inbox), self._most))
             if status == "aborted":
                 self._cancelled()
             # Ray hands arrays over as read-only views of its object
@@ -243,7 +277,8 @@ def actor_channels(queue_id, capacity, context):
     """A node actor's channel factory: the run's channel actor for a queue
     between nodes, an in-process channel for one within the node."""
     remote, local = context if context is not None else ({}, {})
-    found = remote.get(queue_id)     # (channel actor, run id)
+    found = remote.get(queue_id)     # (channel actor, run id, readers)
     if found is not None:
-        return RayChannel(found[0], found[1], str(queue_id), capacity)
+        return RayChannel(found[0], found[1], str(queue_id), capacity,
+                          found[2])
     return local_channels(queue_id, capacity, local)

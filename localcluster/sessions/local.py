@@ -41,7 +41,8 @@ import weakref
 import numpy as np
 
 from ..errors import BlobNotFoundError, NodeFailedError
-from ..plan.validate import check_cross_node_queues, feedable, queues_of
+from ..plan.validate import feedable, queues_of, shared_queues
+from ..runtime.channels import LocalChannel
 from ..runtime.faults import (FaultBook, NodeDeath, NodeFaults,
                               die_in_thread, faults_of_node)
 from ..runtime.host import NodeRuntime
@@ -83,7 +84,8 @@ class LocalSession(Session):
         self._workers = {}
         self._rids = itertools.count(1)
         self._queues = weakref.WeakKeyDictionary()  # plan -> its queues
-        self._checked = None   # the plans of the last run, found valid
+        self._checked = None   # the plans of the last run
+        self._shared = {}      # and their queues used on several nodes
         self._logs = None
         if self.log_options.active:
             self._logs = NodeLogs(self.log_options, route.original_stream)
@@ -176,12 +178,15 @@ class LocalSession(Session):
                     route.flush(self._runtimes.get(plan.node))
 
     def _run_nodes(self, plans, timeout):
-        if plans is not self._checked:  # a group run again: checked already
-            check_cross_node_queues(plans, {p.node: self._queues_of(p)
-                                            for p in plans})
+        if plans is not self._checked:  # a group run again: known already
+            self._shared = shared_queues(plans, {p.node: self._queues_of(p)
+                                                 for p in plans})
             self._checked = plans
         rid = next(self._rids)
-        channels = {}  # queues start empty and open at every run
+        # queues start empty and open at every run; one several nodes
+        # share counts its writers on all of them (the last closes it)
+        channels = {queue: LocalChannel(use.capacity, queue, use.writers)
+                    for queue, use in self._shared.items()}
         trace = self.trace_steps
         if self._schedule is not None:
             return run_scheduled(self, plans, rid, channels, trace, timeout)

@@ -344,7 +344,7 @@ class RaySession(Session):
         nodes = self._ensure({p.node: p.node_kwargs for p in plans})
         refs = {}
         for plan, node in zip(plans, nodes):
-            plan_id, payload, _ = prepared[plan.node]
+            plan_id, payload = prepared[plan.node][:2]
             send = payload if must_send(node.plans, plan_id) else None
             request = (rid, plan_id, send, self.trace_steps,
                        self.current_epoch, channels,
@@ -357,14 +357,17 @@ class RaySession(Session):
         return driver.drive(state, io, CANCEL_GRACE, timeout)
 
     def _channels_for(self, shared, rid):
-        """``{queue id: (channel actor, run)}`` of the run's cross-node
-        queues (``{queue id: capacity}``), each made (or taken from the
-        pool) on first use and reset -- empty and open -- for the run
-        (``run``: this session's run ``rid``, unlike any other session's:
-        a pooled channel actor refuses a late batch of any earlier run)."""
+        """``{queue id: (channel actor, run, readers)}`` of the run's
+        cross-node queues (``{queue id: SharedQueue}``), each made (or
+        taken from the pool) on first use and reset -- empty, open, told
+        how many writers end in the run -- for the run (``run``: this
+        session's run ``rid``, unlike any other session's: a pooled channel
+        actor refuses a late batch of any earlier run; ``readers``: the
+        reader nodes, who take only what they read when several share)."""
         run = (id(self), self._started_at, rid)
-        channels = {}
-        for queue, capacity in shared.items():
+        channels, resets = {}, []
+        for queue, use in shared.items():
+            capacity = use.capacity
             handle = self._queue_actors.get((queue, capacity))
             if handle is None:
                 handle = self._pooled("channel", 0, capacity, str(queue))
@@ -372,11 +375,11 @@ class RaySession(Session):
                 handle = self._channel_class.options(num_cpus=0).remote(
                     capacity, str(queue))
             self._queue_actors[(queue, capacity)] = handle
-            channels[queue] = (handle, run)
-        if channels:
-            ray.get([h.reset.remote(run, cap, str(q)) for (q, cap), h in
-                     self._queue_actors.items() if q in channels],
-                    timeout=REQUEST_TIMEOUT)
+            channels[queue] = (handle, run, len(use.reader_nodes))
+            resets.append(handle.reset.remote(run, capacity, str(queue),
+                                              use.writers))
+        if resets:
+            ray.get(resets, timeout=REQUEST_TIMEOUT)
         return channels
 
     # -- blobs ----------------------------------------------------------------

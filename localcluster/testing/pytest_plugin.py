@@ -315,7 +315,8 @@ def _children():
 def _segments():
     mine = f"lc_{os.getpid()}_"
     try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith(mine)}
+        return {n for n in os.listdir("/dev/shm")
+                if n.startswith(mine) or n.startswith("sem." + mine)}
     except OSError:
         return set()
 

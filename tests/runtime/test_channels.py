@@ -1,6 +1,7 @@
 """The shared-memory queue channel on its own, between two processes."""
 
 import array
+import os
 import fcntl
 import multiprocessing
 import termios
@@ -382,3 +383,106 @@ def test_a_read_loop_copies_its_stop_flag_in_place(local):
         assert len(LOOP["ids"]) == 6 and len(set(LOOP["ids"][1:])) == 1
     finally:
         LOOP.clear()
+
+
+# -- several producer and consumer processes on one channel -------------------
+
+def _produce_shared(desc, first, n, size):
+    """Put records ``first .. first+n-1`` and count this writer out."""
+    channel = ShmChannel(desc)
+    values, index = np.zeros(size), np.zeros(1, dtype=np.int64)
+    for i in range(first, first + n):
+        values[0] = values[-1] = index[0] = i
+        channel.put((values, index))
+    channel.writer_ended()
+
+
+def _consume_shared(desc, conn, want):
+    channel = ShmChannel(desc)
+    watchdog = threading.Timer(30, channel.abort)
+    watchdog.start()
+    seen = []
+    try:
+        while True:
+            records, finished, done = channel.get(want)
+            if finished:
+                break
+            for values, index in records:
+                assert values[0] == values[-1] == index[0]
+                seen.append(int(index[0]))
+            done()
+    finally:
+        watchdog.cancel()
+    conn.send(seen)
+
+
+@pytest.mark.parametrize("size", [1, 1 << 15])
+def test_several_producer_and_consumer_processes_read_each_record_once(size):
+    """Three producer processes, three consumer processes, one channel:
+    each record is read once, whole, and the channel closes when the last
+    producer counted itself out -- not the first."""
+    parts = ChannelParts(shm.session_prefix() + "qtest_", 4, "q",
+                         shared_lock=True)
+    n = 3000 if size == 1 else 60
+    try:
+        parts.reset(writers=3)
+        pipes = [FORK.Pipe(duplex=False) for _ in range(3)]
+        procs = [FORK.Process(target=_produce_shared,
+                              args=(parts.desc, k * n, n + 17 * k, size))
+                 for k in range(3)]
+        procs += [FORK.Process(target=_consume_shared,
+                               args=(parts.desc, send, 1 + k))
+                  for k, (_, send) in enumerate(pipes)]
+        for p in procs:
+            p.start()
+        seen = []
+        for recv, _ in pipes:
+            assert recv.poll(60), "a consumer did not finish"
+            seen += recv.recv()
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+        expected = sorted(i for k in range(3)
+                          for i in range(k * n, k * n + n + 17 * k))
+        assert sorted(seen) == expected
+    finally:
+        parts.close()
+    assert not shm.segments(parts.prefix)
+
+
+def _hold_lock_and_die(desc):
+    channel = ShmChannel(desc)
+    channel._lock.__enter__()     # and never leave it: as if killed in it
+    os._exit(0)
+
+
+def test_a_node_that_died_holding_the_shared_lock_blocks_no_later_run():
+    """A node killed inside a critical section leaves the queue's lock
+    taken: the other ends' waits end when the run is cancelled (not
+    never), and the master's reset for the next run frees it."""
+    parts = ChannelParts(shm.session_prefix() + "qtest_", 4, "q",
+                         shared_lock=True)
+    try:
+        names = shm.segments(parts.prefix)
+        assert any(n.startswith(shm.SEMAPHORE) for n in names), names
+        dead = FORK.Process(target=_hold_lock_and_die, args=(parts.desc,))
+        dead.start()
+        dead.join(30)
+        end = ShmChannel(parts.desc)
+        threading.Timer(0.2, end.abort).start()
+        started = time.monotonic()
+        with pytest.raises(Cancelled):
+            end.put((np.zeros(1),))
+        assert time.monotonic() - started < 10
+        parts.reset(writers=1)
+        end.begin()
+        assert end.put((np.ones(1),))
+        end.writer_ended()
+        records, _, done = end.get(1)
+        assert records[0][0][0] == 1.0
+        done()
+        assert end.get(1)[1]          # closed and empty: finished
+        end.release()
+    finally:
+        parts.close()
+    assert not shm.segments(parts.prefix)

@@ -105,7 +105,7 @@ def test_the_reader_hands_a_record_over_only_once_it_arrived():
     clock = FakeClock()
     channel = ListChannel()
     writer = LinkedWriter(channel, clock.now_ns)
-    reader = LinkedReader(channel, state(latency=0.25), clock.now_ns, "q")
+    reader = LinkedReader(channel, (state(latency=0.25),), clock.now_ns, "q")
     record = (np.arange(3.0), np.array([7]))
     writer.put(record, None, clock)
     records, finished, _ = reader.get(1, None, clock)
@@ -122,7 +122,7 @@ def test_a_reader_held_by_a_partition_that_never_heals_names_it():
     clock = FakeClock()
     channel = ListChannel()
     writer = LinkedWriter(channel, clock.now_ns)
-    reader = LinkedReader(channel, state(windows=((0.0, None, "P(x)"),)),
+    reader = LinkedReader(channel, (state(windows=((0.0, None, "P(x)"),)),),
                           clock.now_ns, "q")
     writer.put((np.zeros(1),), None, clock)
     with pytest.raises(Cancelled, match="held by P\\(x\\)"):
@@ -134,7 +134,7 @@ def test_run_links_wrap_only_the_queues_over_a_link():
     [(node, conditions)] = [
         (n, c) for n, c in resolve(_plans("w", "r"), [
             Link("w", "r", latency=0.1)], [], None,
-            {"q": ("w", "r")}).items() if n == "r"]
+            {"q": (("w",), ("r",))}).items() if n == "r"]
     links = RunLinks(conditions, 0, FakeClock().now_ns)
     plain = ListChannel()
     assert isinstance(links.wrap("q", plain), LinkedReader)
@@ -157,13 +157,13 @@ def test_resolve_later_conditions_win_and_same_node_queues_are_memory():
         Link("*", "trainer_*", latency=0.1),
         Link("reader", "trainer_2", latency=0.3),
         Slowdown("trainer_*", 2), Slowdown("trainer_1", 4)],
-        [], None, {"q1": ("reader", "trainer_1"),
-                   "q2": ("reader", "trainer_2")})
-    assert found["reader"].outgoing == {"q1", "q2"}
+        [], None, {"q1": (("reader",), ("trainer_1",)),
+                   "q2": (("reader",), ("trainer_2",))})
+    assert dict(found["reader"].outgoing) == {"q1": 0, "q2": 0}
     assert found["trainer_1"].slowdown == 4.0
     assert found["trainer_2"].slowdown == 2.0
-    assert dict(found["trainer_1"].incoming)["q1"].latency == 0.1
-    assert dict(found["trainer_2"].incoming)["q2"].latency == 0.3
+    assert dict(found["trainer_1"].incoming)["q1"][0].latency == 0.1
+    assert dict(found["trainer_2"].incoming)["q2"][0].latency == 0.3
     # no condition, no queue between nodes: nothing at all
     assert resolve(_plans("a", "b"), [], [], None, {}) is None
 
@@ -178,16 +178,43 @@ def test_resolve_takes_a_nodes_own_slowdown():
 def test_an_epoch_partition_holds_only_its_epochs_runs(epoch, windows):
     p = Partition("w", "r", at=Epoch(2), heal_at=0.5)
     found = resolve(_plans("w", "r"), [], [(0, p)], epoch,
-                    {"q": ("w", "r")})
+                    {"q": (("w",), ("r",))})
     got = () if found is None else tuple(
-        (a, b) for a, b, _ in dict(found["r"].incoming)["q"].windows)
+        (a, b) for a, b, _ in dict(found["r"].incoming)["q"][0].windows)
     assert got == windows
 
 
 def test_a_partition_holds_both_directions_but_not_its_own_side():
     p = Partition(["a1", "a2"], "b", at=0.0, heal_at=1.0)
     found = resolve(_plans("a1", "a2", "b"), [], [(0, p)], None,
-                    {"ab": ("a1", "b"), "ba": ("b", "a2"),
-                     "aa": ("a1", "a2")})
+                    {"ab": (("a1",), ("b",)), "ba": (("b",), ("a2",)),
+                     "aa": (("a1",), ("a2",))})
     assert set(dict(found["b"].incoming)) == {"ab"}
     assert set(dict(found["a2"].incoming)) == {"ba"}
+
+
+def test_resolve_a_queue_several_nodes_write_each_over_its_own_link():
+    """Fan-in over links: every writer stamps its records with its index,
+    and the reader holds each record as the link from its writer says."""
+    found = resolve(_plans("w0", "w1", "r"), [Link("w1", "r", latency=0.2)],
+                    [], None, {"q": (("w0", "w1"), ("r",))})
+    assert dict(found["w0"].outgoing) == {"q": 0}
+    assert dict(found["w1"].outgoing) == {"q": 1}
+    inlinks = dict(found["r"].incoming)["q"]
+    assert [(i.src, i.latency) for i in inlinks] == [("w0", 0.0),
+                                                     ("w1", 0.2)]
+
+
+def test_records_from_two_writers_each_wait_for_their_own_link():
+    clock = FakeClock()
+    channel = ListChannel()
+    fast = LinkedWriter(channel, clock.now_ns, 0)
+    slow = LinkedWriter(channel, clock.now_ns, 1)
+    reader = LinkedReader(channel, (state(latency=0.0),
+                                    state(latency=0.5)), clock.now_ns, "q")
+    fast.put((np.arange(2.0),), None, clock)
+    records, _, _ = reader.get(1, None, clock)
+    assert clock.ns == 0 and len(records[0]) == 1
+    slow.put((np.arange(2.0),), None, clock)
+    records, _, _ = reader.get(1, None, clock)
+    assert clock.ns == 500 * MS and len(records[0]) == 1

@@ -75,14 +75,14 @@ def test_a_channel_stays_while_a_plan_names_its_queue(localhost):
     session = localhost()
     kept = handoff_group("kept")
     session.run(kept)
-    channels = session._queues._parts   # queue id -> {capacity: parts}
+    channels = session._queues._parts   # queue id -> {(capacity, lock): parts}
     (queue,) = channels
-    prefix = channels[queue][2].prefix
+    prefix = channels[queue][2, False].prefix
     for i in range(5):
         run_once(session, f"other_{i}")
         gc.collect()
     run_once(session, "last")
-    assert channels[queue][2].prefix == prefix
+    assert channels[queue][2, False].prefix == prefix
     assert shm.segments(prefix), "the kept queue's channel was removed"
     session.run(kept)  # the same channel, reset: still works
     assert session.fetch_blob("got", "dst")[0] == 7.0
