@@ -154,3 +154,24 @@ def test_a_shared_queue_over_a_link_under_schedules(seed):
             Link("w1", "r0", latency=0.01)]) as session:
         _shared_run(session, ["w0", "w1"], ["r0", "w1"], n=15, capacity=2,
                     runs=1)
+
+
+def test_readers_of_several_records_never_take_every_slot(session):
+    """Two reader nodes each read 3 records at a time from a queue of 4: a
+    read takes its records all at once, never some while it waits for the
+    rest -- two half-done reads would hold every slot, and the writer
+    could put nothing more (a hang)."""
+    sources, dests = _datasets(session, ["w"], ["r0", "r1"], 200)
+    with TaskGroup() as tg:
+        q = Queue(capacity=4, name="shared", num_dequeue_records=3)
+        with Node("w"):
+            pipe(sources["w"].reader(), q)
+        for node in ("r0", "r1"):
+            with Node(node):
+                pipe(q, dests[node].writer())
+    for _ in range(3):
+        session.run(tg, timeout=60)
+    uids = np.concatenate([dests[n].fetch(session)["uid"]
+                           for n in ("r0", "r1")])
+    np.testing.assert_array_equal(np.sort(uids),
+                                  np.sort(np.tile(np.arange(200), 3)))

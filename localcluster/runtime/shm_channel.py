@@ -389,9 +389,12 @@ class ShmChannel:
         want = max(1, int(n))
         slots = []
         try:
+            patience = None
             while not self._take_records(want, slots) and len(slots) < want:
-                self._sleep(WAIT_CONSUMERS, self._full,
-                            self._consumer_patience, cancelled,
+                if patience is None:
+                    patience = functools.partial(self._consumer_patience,
+                                                 want)
+                self._sleep(WAIT_CONSUMERS, self._full, patience, cancelled,
                             CONSUMER_SLEEPS)
             views = self._segments.reader_views
             records = [views(slot) for slot in slots]
@@ -403,16 +406,23 @@ class ShmChannel:
         return [], True, None
 
     def _take_records(self, want, slots):
-        """Add records' slots to ``slots``, up to ``want`` in all; True
-        once the queue is closed and none is left.  Every record queued is
-        taken from the ring at once -- the next reads find theirs at hand
-        (`get`), a lock and the shared words fewer per record."""
+        """Add records' slots to ``slots``, ``want`` in all -- or what is
+        left once the queue is closed; True once it is closed and none is
+        left.  Every record queued is taken from the ring at once -- the
+        next reads find theirs at hand (`get`), a lock and the shared words
+        fewer per record.
+
+        A read takes its records all at once or none: one that held some
+        while it waited for the rest could, with other such reads, hold
+        every slot, and the writers could put nothing more."""
         words, taken = self._words, self._taken
         with self._lock:
             closed = words[CLOSED]
             if closed and not _ORDERED:
                 self._fence()   # closed, then tail: records put before it
             head, tail = words[HEAD], words[TAIL]
+            if not closed and len(taken) + tail - head < want - len(slots):
+                return False
             if self._shared:
                 # readers on several nodes: take what was asked, no more
                 tail = min(tail, head + want - len(slots))
@@ -434,11 +444,13 @@ class ShmChannel:
                     ring_bell(self._full)   # some left, or closed: the others
             return not left and bool(closed)
 
-    def _consumer_patience(self):
-        """How long a consumer waits (0: not at all); a producer waiting
-        for a batch of free slots is rung first: it gets what is free."""
+    def _consumer_patience(self, want):
+        """How long a consumer of ``want`` records waits (0: not at all); a
+        producer waiting for a batch of free slots is rung first: it gets
+        what is free."""
         words = self._words
-        if self._taken or words[TAIL] > words[HEAD] or words[CLOSED]:
+        if len(self._taken) + words[TAIL] - words[HEAD] >= want or \
+                words[CLOSED]:
             return 0
         if words[WAIT_PRODUCERS]:
             ring_bell(self._free)

@@ -486,3 +486,87 @@ def test_a_node_that_died_holding_the_shared_lock_blocks_no_later_run():
     finally:
         parts.close()
     assert not shm.segments(parts.prefix)
+
+
+def _slow_producer(desc, n):
+    channel = ShmChannel(desc)
+    for i in range(n):
+        channel.put((np.full(1, i),))
+        time.sleep(0.001)     # readers find the queue short of their 3
+    channel.writer_ended()
+
+
+def _read_threes(desc, out):
+    channel = ShmChannel(desc)
+    watchdog = threading.Timer(20, channel.abort)
+    watchdog.start()
+    got = 0
+    try:
+        while True:
+            records, finished, done = channel.get(3)
+            if finished:
+                break
+            got += len(records)
+            done()
+    except Cancelled:
+        got = "hung"
+    finally:
+        watchdog.cancel()
+    out.put(got)
+
+
+@pytest.mark.parametrize("readers_in", ["processes", "threads"])
+def test_reads_of_several_records_never_hold_every_slot(readers_in):
+    """Two readers of 3 records each on a queue of 4: a read takes its
+    records all at once, or none -- two reads each holding two slots while
+    waiting for a third would leave the writer no slot (a hang until the
+    watchdog; it was, before reads took all or none)."""
+    shared = readers_in == "processes"
+    parts = ChannelParts(shm.session_prefix() + "qtest_", 4, "q",
+                         shared_lock=shared)
+    n = 60
+    try:
+        parts.reset(writers=1)
+        out = FORK.Queue()
+        producer = FORK.Process(target=_slow_producer, args=(parts.desc, n))
+        if shared:
+            readers = [FORK.Process(target=_read_threes,
+                                    args=(parts.desc, out))
+                       for _ in range(2)]
+        else:
+            readers = [FORK.Process(target=_two_reader_threads,
+                                    args=(parts.desc, out))]
+        for p in [producer] + readers:
+            p.start()
+        got = [out.get(timeout=60) for _ in range(2)]
+        for p in [producer] + readers:
+            p.join(30)
+        assert "hung" not in got and sum(got) == n, got
+    finally:
+        parts.close()
+
+
+def _two_reader_threads(desc, out):
+    channel = ShmChannel(desc)
+    watchdog = threading.Timer(20, channel.abort)
+    watchdog.start()
+
+    def read():
+        got = 0
+        try:
+            while True:
+                records, finished, done = channel.get(3)
+                if finished:
+                    break
+                got += len(records)
+                done()
+        except Cancelled:
+            got = "hung"
+        out.put(got)
+
+    threads = [threading.Thread(target=read) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    watchdog.cancel()
