@@ -303,6 +303,20 @@ def measure_queues(cfg):
         m = alternate({"small": timed(lambda: session.run(small_group)),
                        "mpq_small": lambda: mp_queue_time(small, 1)},
                       rounds, 1, 0)
+        # fan-in: the same records from two writer nodes into one queue
+        # (one lock for all its ends) against one writer (no shared lock)
+        fan_in = queue_group(small, [1], nodes=("q_writer", "q_trainer"),
+                             writers=2)
+        fan_session = LocalHostScheduler(
+            nodes=["q_writer_0", "q_writer_1", "q_trainer"])
+        try:
+            fan_session.run(fan_in)
+            m.update(alternate(
+                {"fan_in": timed(lambda: fan_session.run(fan_in)),
+                 "one_writer": timed(lambda: session.run(small_group))},
+                rounds, 1, 0))
+        finally:
+            fan_session.close()
         # warm: the first runs of big records fault their slots' pages in
         m.update(alternate({"big": timed(lambda: session.run(big_group)),
                             "memcpy": lambda: memcpy_time(big, mib)},
@@ -317,6 +331,8 @@ def measure_queues(cfg):
             "memcpy of the same bytes", m["big"], m["memcpy"], 1.5),
         Row("queue_big_mpq", f"cross-node queue, {big} x 1 MiB vs "
             "multiprocessing.Queue", m["big"], m["mpq_big"]),
+        Row("queue_fan_in", f"cross-node queue, {small} small records from "
+            "2 writer nodes vs from 1", m["fan_in"], m["one_writer"]),
     ]
 
 

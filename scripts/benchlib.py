@@ -337,18 +337,23 @@ def noop_group(names):
     return group
 
 
-def queue_group(n, shape, nodes=("q_reader", "q_trainer")):
+def queue_group(n, shape, nodes=("q_reader", "q_trainer"), writers=1):
     """``n`` records of ``shape`` float64 from one node to another: the
     producer's loop only enqueues, the consumer's only dequeues, so the
-    queue itself is what is measured."""
+    queue itself is what is measured.  ``writers`` > 1: as many producer
+    nodes (``<nodes[0]>_<i>``) share the ``n`` records, into one queue."""
     queue = Queue(64, name="bench")
+    producers = [nodes[0]] if writers == 1 else \
+        [f"{nodes[0]}_{i}" for i in range(writers)]
     with TaskGroup() as group:
-        with Node(nodes[0]), Task(name="producer"):
-            record = {"x": ops.ConstantFill([], shape=list(shape), value=1.0)}
-            writer = queue.writer()
-            with ops.loop(n):
-                writer.write_record(ops.net(), record)
-            writer.commit(ops.net())
+        for i, node in enumerate(producers):
+            with Node(node), Task(name="producer"):
+                record = {"x": ops.ConstantFill([], shape=list(shape),
+                                                value=1.0)}
+                writer = queue.writer()
+                with ops.loop(n // writers + (i < n % writers)):
+                    writer.write_record(ops.net(), record)
+                writer.commit(ops.net())
         with Node(nodes[1]):
             pipe(queue, processor=lambda record: None)
     return group
