@@ -264,7 +264,9 @@ def test_nodes_exit_and_segments_are_swept_when_the_master_is_killed(script):
 
 
 CTRL_C = textwrap.dedent("""
-    import time
+    import faulthandler, time
+    # a master still there after 20 s says where it is stuck (stderr)
+    faulthandler.dump_traceback_later(20, exit=False)
     from localcluster import LocalHostScheduler, Node, Task, TaskGroup, ops
     import test_localhost as t
     session = LocalHostScheduler()
@@ -296,7 +298,13 @@ def test_ctrl_c_in_the_master_leaves_nothing_behind(interrupts):
         for _ in range(interrupts):
             master.send_signal(signal.SIGINT)
             time.sleep(0.3)
-        _, err = master.communicate(timeout=30)
+        try:
+            _, err = master.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            master.kill()
+            _, err = master.communicate(timeout=10)
+            pytest.fail("the master did not end within 30 s of its "
+                        f"SIGINT; its threads after 20 s:\n{err}")
         assert master.returncode != 0
         assert "KeyboardInterrupt" in err
         _, alive = psutil.wait_procs(children, timeout=10)
