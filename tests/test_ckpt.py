@@ -182,11 +182,13 @@ def test_a_pruned_directory_resumes(tmp_path):
     run("localcluster.run", "--epochs", "3", "--checkpoint-dir", d)
     done = run("localcluster.ckpt", "prune", d, "--keep", "1", "--json")
     result = json.loads(done.stdout)
-    assert result["kept_epochs"] == [3] and result["bytes_freed"] > 0
+    # epoch 3 refers to epoch 0 for the reader's dataset, unchanged since
+    assert result["kept_epochs"] == [0, 3] and result["bytes_freed"] > 0
+    assert result["referred_epochs"] == [0]
     left = names(d)
     assert RUN_FILE in left
     assert {n.rsplit(".", 1)[1] for n in left if n != RUN_FILE and
-            n != METRICS_FILE} == {"3"}
+            n != METRICS_FILE} == {"0", "3"}
     done = run("localcluster.run", "--checkpoint-dir", d, "--resume",
                "--epochs", "4", "--json")
     summary = json.loads(done.stdout)
