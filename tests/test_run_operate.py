@@ -281,16 +281,28 @@ def checkpoint_bytes(directory):
                if n.rsplit(".", 1)[-1].isdigit())
 
 
-def test_the_temporary_directory_keeps_the_last_two_epochs(tmp_path):
-    done = run("--epochs", "4", env=dict(os.environ, TMPDIR=str(tmp_path)))
+def test_the_temporary_directory_keeps_what_a_resume_needs_until_cleanup(
+        tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    done = run("--epochs", "4", env=env)
     assert done.returncode == 0, done.stderr
     [directory] = [tmp_path / n for n in os.listdir(tmp_path)
                    if n.startswith("localcluster-ckpt-")]
-    # (and epoch 0, whose reader's dataset the later epochs refer to)
-    assert checkpointed_epochs(directory) == [0, 3, 4]
-    assert f"checkpoints: {directory} (keeps the last 2 complete epochs" \
+    # the last epoch, and epoch 0, which holds the reader's dataset that
+    # epoch 4 refers to (unchanged since): one copy of it on disk
+    assert checkpointed_epochs(directory) == [0, 4]
+    dataset = os.path.getsize(directory / "reader.0")
+    assert checkpoint_bytes(directory) < dataset * 1.1
+    assert f"checkpoints: {directory} (keeps the last complete epoch;" \
         in done.stdout
     assert (directory / METRICS_FILE).exists()
+    # the run finished: --cleanup removes what it left
+    cleaned = run("--cleanup", "--json", env=env)
+    assert cleaned.returncode == 0, cleaned.stderr
+    removed = json.loads(cleaned.stdout)["removed_directories"]
+    assert [(d["path"], d["why"]) for d in removed] == \
+        [(str(directory), "finished")]
+    assert not directory.exists()
 
 
 def test_a_blob_that_does_not_change_is_checkpointed_once(tmp_path):

@@ -161,7 +161,7 @@ def parser():
                    help="after each epoch keep only the N newest complete "
                         "epochs' checkpoints, and the earlier ones they "
                         "refer to for unchanged blobs (default: all in a "
-                        "--checkpoint-dir; 2 in the temporary directory)")
+                        "--checkpoint-dir; 1 in the temporary directory)")
     p.add_argument("--resume", nargs="?", const="latest", type=_resume,
                    metavar="EPOCH",
                    help="resume from EPOCH's checkpoint (no number, or "
