@@ -182,11 +182,13 @@ def test_a_pruned_directory_resumes(tmp_path):
     run("localcluster.run", "--epochs", "3", "--checkpoint-dir", d)
     done = run("localcluster.ckpt", "prune", d, "--keep", "1", "--json")
     result = json.loads(done.stdout)
-    assert result["kept_epochs"] == [3] and result["bytes_freed"] > 0
+    # epoch 3 refers to epoch 0 for the reader's dataset, unchanged since
+    assert result["kept_epochs"] == [0, 3] and result["bytes_freed"] > 0
+    assert result["referred_epochs"] == [0]
     left = names(d)
     assert RUN_FILE in left
     assert {n.rsplit(".", 1)[1] for n in left if n != RUN_FILE and
-            n != METRICS_FILE} == {"3"}
+            n != METRICS_FILE} == {"0", "3"}
     done = run("localcluster.run", "--checkpoint-dir", d, "--resume",
                "--epochs", "4", "--json")
     summary = json.loads(done.stdout)
@@ -314,6 +316,37 @@ def test_cleanup_removes_gone_temp_runs_with_nothing_to_resume(
     assert names(complete) == ["a.0", "b.0", "c.0"]
     assert names(live) == ["b.0", "c.0"]
     assert names(elsewhere) == ["b.0", "c.0"]
+
+
+def ended(directory, status):
+    metrics = MetricsLog(str(directory))
+    metrics.write({"kind": "run", "run": "1-1"})
+    metrics.write({"kind": "end", "run": "1-1", "status": status})
+    metrics.close()
+
+
+def test_cleanup_removes_finished_temp_runs_and_keeps_those_cut_short(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    finished = tmp_path / (TEMP_PREFIX + "finished")
+    write_epochs(finished, [0, 1])
+    ended(finished, "ok")
+    stopped = tmp_path / (TEMP_PREFIX + "stopped")
+    write_epochs(stopped, [0, 1])
+    ended(stopped, "interrupted")
+    assert cleanup(None, True, sys.stderr) == 0  # --cleanup --json
+    result = json.loads(capsys.readouterr().out)
+    assert [(d["path"], d["why"]) for d in result["removed_directories"]] \
+        == [(str(finished), "finished")]
+    assert result["kept_directories"] == [str(stopped)]
+    assert not finished.exists()
+    assert names(stopped) == ["a.0", "a.1", "b.0", "b.1", "c.0", "c.1",
+                              METRICS_FILE]
+    write_epochs(finished, [0])
+    ended(finished, "ok")
+    cleanup(None, False, sys.stdout)  # --cleanup
+    out = capsys.readouterr().out
+    assert f"{finished} (finished, " in out and "stopped short" in out
 
 
 def test_cleanup_says_what_stays_and_how_to_remove_it(tmp_path, monkeypatch,

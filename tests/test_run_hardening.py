@@ -618,6 +618,63 @@ def test_a_node_death_mentions_max_restarts_and_how_to_resume(tmp_path):
     assert "resume with:" in line
 
 
+OUT_OF_MEMORY_JOB = USER_JOB + textwrap.dedent('''
+
+    def no_memory(*args):
+        raise MemoryError()
+
+    class Hungry:
+        """An op function the node runs out of memory unpickling."""
+
+        def __call__(self):
+            return None
+
+        def __reduce__(self):
+            return (no_memory, ())
+
+    def hungry_plan(epochs=2):
+        job, options = build(epochs)
+        with job.epoch_group, Node("worker"), Task():
+            ops.Python(Hungry())([], [])
+        return job, options
+
+    def hungry_later(epochs=3):
+        # the node (forked after this) has no memory for its 4th request
+        import os
+        from localcluster.sessions import _protocol
+        master, original, calls = os.getpid(), _protocol.Reader.recv, []
+
+        def recv(self):
+            if os.getpid() != master:
+                calls.append(1)
+                if len(calls) == 4:
+                    raise MemoryError()
+            return original(self)
+        _protocol.Reader.recv = recv
+        return build(epochs)
+''')
+
+
+@pytest.mark.parametrize("builder, words", [
+    ("hungry_plan", ["'worker' ran out of memory while loading the plan"]),
+    # (while running -- or receiving its plan, if it was seen dead first)
+    ("hungry_later", ["'worker' died (exit 86) while ",
+                      "; it ran out of memory (MemoryError)"]),
+])
+def test_a_node_out_of_memory_outside_its_ops_is_one_line(tmp_path,
+                                                          builder, words):
+    job = write_job(tmp_path, OUT_OF_MEMORY_JOB)
+    done = run("--job", f"{job}:{builder}", "--checkpoint-dir",
+               str(tmp_path / "c"))
+    assert done.returncode == 1
+    no_traceback(done)
+    [line] = error_lines(done.stderr)
+    assert all(w in line for w in words), line
+    assert "fewer or smaller blobs, or more memory" in line, line
+    # said once: no warning before the error, no node output
+    assert [line] == done.stderr.strip().splitlines(), done.stderr
+
+
 # -- 19: bounds and forms of the options --------------------------------------------
 
 @pytest.mark.parametrize("args, expected", [

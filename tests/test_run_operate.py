@@ -275,15 +275,45 @@ def checkpointed_epochs(directory):
                    if n.startswith("trainer_0.") and "partial" not in n})
 
 
-def test_the_temporary_directory_keeps_the_last_two_epochs(tmp_path):
-    done = run("--epochs", "4", env=dict(os.environ, TMPDIR=str(tmp_path)))
+def checkpoint_bytes(directory):
+    return sum(os.path.getsize(os.path.join(directory, n))
+               for n in os.listdir(directory)
+               if n.rsplit(".", 1)[-1].isdigit())
+
+
+def test_the_temporary_directory_keeps_what_a_resume_needs_until_cleanup(
+        tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    done = run("--epochs", "4", env=env)
     assert done.returncode == 0, done.stderr
     [directory] = [tmp_path / n for n in os.listdir(tmp_path)
                    if n.startswith("localcluster-ckpt-")]
-    assert checkpointed_epochs(directory) == [3, 4]
-    assert f"checkpoints: {directory} (keeps the last 2 complete epochs" \
+    # the last epoch, and epoch 0, which holds the reader's dataset that
+    # epoch 4 refers to (unchanged since): one copy of it on disk
+    assert checkpointed_epochs(directory) == [0, 4]
+    dataset = os.path.getsize(directory / "reader.0")
+    assert checkpoint_bytes(directory) < dataset * 1.1
+    assert f"checkpoints: {directory} (keeps the last complete epoch;" \
         in done.stdout
     assert (directory / METRICS_FILE).exists()
+    # the run finished: --cleanup removes what it left
+    cleaned = run("--cleanup", "--json", env=env)
+    assert cleaned.returncode == 0, cleaned.stderr
+    removed = json.loads(cleaned.stdout)["removed_directories"]
+    assert [(d["path"], d["why"]) for d in removed] == \
+        [(str(directory), "finished")]
+    assert not directory.exists()
+
+
+def test_a_blob_that_does_not_change_is_checkpointed_once(tmp_path):
+    """The reader's dataset (17 MB) was written again every epoch."""
+    directory = tmp_path / "c"
+    done = run("--epochs", "3", "--checkpoint-dir", str(directory))
+    assert done.returncode == 0, done.stderr
+    assert checkpointed_epochs(directory) == [0, 1, 2, 3]
+    first = sum(os.path.getsize(directory / n) for n in os.listdir(directory)
+                if n.endswith(".0"))
+    assert checkpoint_bytes(directory) < first * 1.1
 
 
 def test_a_checkpoint_dir_keeps_every_epoch_unless_keep_last(tmp_path):
@@ -294,12 +324,13 @@ def test_a_checkpoint_dir_keeps_every_epoch_unless_keep_last(tmp_path):
     done = run("--epochs", "3", "--keep-last", "1", "--checkpoint-dir",
                str(last))
     assert done.returncode == 0, done.stderr
-    assert checkpointed_epochs(last) == [3]
+    # (and epoch 0, whose reader's dataset epoch 3 refers to)
+    assert checkpointed_epochs(last) == [0, 3]
     # what is kept resumes, and goes on keeping one
     summary, _ = json_run("--epochs", "5", "--resume", "--keep-last", "1",
                           "--checkpoint-dir", str(last))
     assert summary["resumed_from"] == 3 and summary["last_epoch"] == 5
-    assert checkpointed_epochs(last) == [5]
+    assert checkpointed_epochs(last) == [0, 5]
 
 
 # -- node logs and the report from the command line ----------------------------------

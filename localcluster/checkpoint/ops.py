@@ -3,6 +3,10 @@ TaskGroups run (``SaveCheckpoint``, ``LoadCheckpoint``,
 ``CheckpointBlobNames``, ``LoadBlobsFromCheckpoint``...), each against
 the node's own workspace -- under `LocalHostScheduler` in the node's
 process, so every node writes its own file, all in parallel.
+
+Each node also keeps, in its runtime's resources, a `reuse.SavedBlobs`:
+where its big blobs were last saved or loaded from, so that its next
+save refers to those that did not change instead of writing them again.
 """
 
 import os
@@ -12,8 +16,13 @@ import numpy as np
 from .fileformat import (BLOB_NAMES, checkpointable, read_checkpoint,
                          read_manifest, write_checkpoint)
 from .names import parse_name
+from .reuse import SavedBlobs
 from ..errors import CheckpointError
 from ..kernels.registry import register_op
+
+#: the key of a node's `SavedBlobs` in its runtime resources
+_SAVED = "checkpoint_saved_blobs"
+
 
 def _workspace(ctx):
     ws = ctx.resources.get("workspace")
@@ -21,6 +30,12 @@ def _workspace(ctx):
         raise RuntimeError(f"node {ctx.node!r} gives its ops no workspace; "
                            "this session cannot checkpoint")
     return ws
+
+
+def _saved(ctx):
+    """The node's `SavedBlobs` (made on first use; kept while the node
+    lives -- a restarted node starts with none)."""
+    return ctx.resources.setdefault(_SAVED, SavedBlobs())
 
 
 def _expected(ctx, path, epoch):
@@ -66,9 +81,13 @@ def save_checkpoint(ctx, names, path="", epoch=0, final=False,
                 "after the init group but is gone; a checkpoint needs every "
                 "blob the init group left")
         blobs[name] = value
-    write_checkpoint(path, blobs, {"node": ctx.node, "epoch": int(epoch),
-                                   "final": bool(final),
-                                   "job_nodes": [str(n) for n in job_nodes]})
+    saved = _saved(ctx)
+    manifest = write_checkpoint(
+        path, blobs, {"node": ctx.node, "epoch": int(epoch),
+                      "final": bool(final),
+                      "job_nodes": [str(n) for n in job_nodes]},
+        reuse=saved.candidates(path))
+    saved.record(path, manifest)
 
 
 @register_op("LoadCheckpoint", num_outputs=0, context=True)
@@ -84,11 +103,9 @@ def load_checkpoint(ctx, path="", names=None, epoch=-1):
         # node's store gives it (its shared-memory segment, say)
         manifest, _ = read_checkpoint(path, names, ws.store.reserve,
                                       node=node, epoch=epoch)
+        _saved(ctx).record(path, manifest,
+                           None if names is None else set(map(str, names)))
         if names is None:
             ws.set(BLOB_NAMES, np.array([e["name"] for e in
                                          manifest["blobs"]], dtype=str)
                    if manifest["blobs"] else np.zeros(0, "<U1"))
-
-
-# -- managers -----------------------------------------------------------------------
-

@@ -1,9 +1,13 @@
 """What a file named like a checkpoint is: `classify` says whether it is
 the checkpoint its name promises (``whole``), the torn or corrupted rest
-of one (``torn``, with the reason), or another program's or another
-node's or epoch's file (``foreign``) -- so that a listing or a prune of a
+of one (``torn``, with the reason), a whole one that refers to an earlier
+file that is not there as it recorded (``dangling``), or another
+program's or another node's or epoch's file (``foreign``) -- so that a listing or a prune of a
 checkpoint directory never parses zip headers or error texts itself, and
-never takes (or removes) a file that is not the run's.
+never takes (or removes) a file that is not the run's.  It also says which
+earlier files a checkpoint refers to for its unchanged blobs (`reuse`):
+a checkpoint is whole only if they are there as it recorded, and a prune
+must keep them.
 """
 
 import json
@@ -14,21 +18,25 @@ import zipfile
 
 from ..errors import CheckpointError
 from .fileformat import FORMAT, MANIFEST, read_manifest, verify_checkpoint
+from .reuse import references
 
-__all__ = ["WHOLE", "TORN", "FOREIGN", "Verdict", "classify",
+__all__ = ["WHOLE", "TORN", "DANGLING", "FOREIGN", "Verdict", "classify",
            "is_checkpoint"]
 
-WHOLE, TORN, FOREIGN = "whole", "torn", "foreign"
+WHOLE, TORN, DANGLING, FOREIGN = "whole", "torn", "dangling", "foreign"
 
 
 class Verdict:
-    """``kind`` (`WHOLE`, `TORN` or `FOREIGN`) and ``reason`` (None when
-    whole): what is wrong, in a few words."""
+    """``kind`` (`WHOLE`, `TORN`, `DANGLING` or `FOREIGN`) and ``reason`` (None when
+    whole): what is wrong, in a few words; ``references``: the names of
+    the earlier files of its node it refers to (as far as its manifest
+    can be read)."""
 
-    __slots__ = ("kind", "reason")
+    __slots__ = ("kind", "reason", "references")
 
-    def __init__(self, kind, reason=None):
+    def __init__(self, kind, reason=None, references=()):
         self.kind, self.reason = kind, reason
+        self.references = list(references)
 
     def __repr__(self):
         return f"Verdict({self.kind!r}, {self.reason!r})"
@@ -36,8 +44,9 @@ class Verdict:
 
 def classify(path, node, epoch, quick=False):
     """The `Verdict` of ``path`` as ``node``'s checkpoint of ``epoch``.
-    ``quick``: read the manifest only (a flipped bit in the data goes
-    unseen); else every byte is checked (CRC-32)."""
+    ``quick``: read the manifest only, and the headers of what it refers
+    to (a flipped bit in the data goes unseen); else every byte is
+    checked (CRC-32), those it refers to included."""
     try:
         manifest = read_manifest(path)
     except CheckpointError as exc:
@@ -49,12 +58,18 @@ def classify(path, node, epoch, quick=False):
     if wrong_node or wrong_epoch:
         return Verdict(FOREIGN, f"of node {manifest.get('node')!r}, "
                                 f"epoch {manifest.get('epoch')!r}")
+    refers = references(manifest)
+    if refers:
+        try:
+            read_manifest(path, node=node, epoch=epoch, references=True)
+        except CheckpointError as exc:
+            return Verdict(DANGLING, exc.reason, refers)
     if not quick:
         try:
             verify_checkpoint(path, node=node, epoch=epoch)
         except CheckpointError as exc:
-            return Verdict(TORN, exc.reason)
-    return Verdict(WHOLE)
+            return Verdict(TORN, exc.reason, refers)
+    return Verdict(WHOLE, references=refers)
 
 
 def is_checkpoint(path):

@@ -159,8 +159,9 @@ def parser():
                         "a time")
     p.add_argument("--keep-last", type=_whole(1, MAX_EPOCHS), metavar="N",
                    help="after each epoch keep only the N newest complete "
-                        "epochs' checkpoints (default: all in a "
-                        "--checkpoint-dir; 2 in the temporary directory)")
+                        "epochs' checkpoints, and the earlier ones they "
+                        "refer to for unchanged blobs (default: all in a "
+                        "--checkpoint-dir; 1 in the temporary directory)")
     p.add_argument("--resume", nargs="?", const="latest", type=_resume,
                    metavar="EPOCH",
                    help="resume from EPOCH's checkpoint (no number, or "

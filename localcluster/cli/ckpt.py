@@ -155,6 +155,8 @@ def _print_run(run):
         for number in sorted(run.epochs):
             epoch = run.epochs[number]
             state = epoch.state
+            if epoch.refers:
+                state += (f" (unchanged blobs in {_epochs(epoch.refers)})")
             if epoch.problems:
                 state += ": " + "; ".join(
                     f"{node} {why}" for node, why in
@@ -193,7 +195,8 @@ def _prune(args):
             raise
     try:
         found = scan(directory, quick=args.quick)
-        kept, plan = prune_plan(found, args.keep)
+        pruned = prune_plan(found, args.keep)
+        plan = pruned.remove
         sizes = {name: _size(os.path.join(directory, name))
                  for name, _ in plan}
         if args.dry_run:
@@ -208,14 +211,15 @@ def _prune(args):
     done = set(removed)
     if args.json:
         _json({"path": directory, "dry_run": args.dry_run,
-               "keep": args.keep, "kept_epochs": kept,
+               "keep": args.keep, "kept_epochs": pruned.kept,
+               "referred_epochs": pruned.referred,
                "removed": [{"name": n, "why": why, "bytes": sizes[n]}
                            for n, why in plan if n in done],
                "bytes_freed": freed, "resume_epoch": found.resume_epoch,
                "errors": errors})
     else:
-        _print_prune(args, found, kept, [(n, why) for n, why in plan
-                                         if n in done], freed)
+        _print_prune(args, found, pruned, [(n, why) for n, why in plan
+                                           if n in done], freed)
     if errors:
         sys.stderr.write(f"error: {len(errors)} file(s) could not be "
                          f"removed, first {errors[0]}\n")
@@ -232,14 +236,18 @@ def _refuse_if_running(directory):
             "what that run needs; prune it after the run ends")
 
 
-def _print_prune(args, found, kept, plan, freed):
-    if not kept:
+def _print_prune(args, found, pruned, plan, freed):
+    if not pruned.kept:
         print(f"{found.path}: no complete epoch -- its torn epochs are "
               "kept (nothing can resume from them; rm -r removes the run)")
     else:
-        print(f"{found.path}: keeping epoch(s) "
-              f"{', '.join(map(str, kept))} (complete"
-              f"{', manifests only' if found.quick else ''})")
+        newest = [n for n in pruned.kept if n not in pruned.referred]
+        its = "its" if len(pruned.referred) == 1 else "their"
+        referred = (f", and {_epochs(pruned.referred)}: the kept epochs "
+                    f"refer to {its} files for the blobs that did not "
+                    "change" if pruned.referred else "")
+        print(f"{found.path}: keeping {_epochs(newest)} (complete"
+              f"{', manifests only' if found.quick else ''}){referred}")
     verb = "would remove" if args.dry_run else "removed"
     if not plan:
         print("nothing to remove")
@@ -256,6 +264,12 @@ def _print_prune(args, found, kept, plan, freed):
 
 
 # -- output ---------------------------------------------------------------------------
+
+def _epochs(numbers):
+    numbers = sorted(numbers)
+    return (f"epoch{'' if len(numbers) == 1 else 's'} "
+            f"{', '.join(map(str, numbers))}")
+
 
 def _names(names, most=8):
     shown = " ".join(names[:most])

@@ -6,9 +6,12 @@ gone left behind, and say what.
   ``--checkpoint-dir DIR`` -- or, without one, in the temporary
   directories (``localcluster-ckpt-*``) of this user's runs.
 - Without ``--checkpoint-dir``: whole temporary run directories whose run
-  is gone (no live run holds their lock) and that hold no complete epoch
-  (nothing to resume from).  One with a complete epoch stays (counted:
-  ``python -m localcluster.ckpt prune`` or ``rm -r`` removes it).
+  is gone (no live run holds their lock) and either finished (its last
+  run ended ``ok`` in ``metrics.jsonl``: nothing was left to resume) or
+  hold no complete epoch (nothing to resume from).  One whose run stopped
+  short with a complete epoch stays -- its resume command was printed
+  (counted: ``python -m localcluster.ckpt prune`` or ``rm -r`` removes
+  it).
 
 A temporary directory is removed only if it is a real directory (not a
 symlink) owned by this user, holds nothing but files (a subdirectory
@@ -26,7 +29,7 @@ import stat
 import sys
 import tempfile
 
-from .rundir.scan import scan
+from .rundir.scan import last_run_status, scan
 from .rundir.directory import LOCK_FILE, TEMP_PREFIX, DirLock
 from .jobspec import RunFailure, UsageError
 from ..checkpoint.fileformat import remove_partials_under
@@ -93,18 +96,19 @@ def _report_dirs(out, removed_dirs, kept):
         freed = sum(d["bytes"] for d in removed_dirs)
         out.write(f"removed {len(removed_dirs)} temporary run "
                   f"director{'y' if len(removed_dirs) == 1 else 'ies'} "
-                  f"of runs that are gone, with no complete epoch to resume "
-                  f"from ({_mib(freed)} freed):\n")
-        out.writelines(f"  {d['path']} ({_mib(d['bytes'])})\n"
+                  f"of runs that are gone -- finished, or with no complete "
+                  f"epoch to resume from ({_mib(freed)} freed):\n")
+        out.writelines(f"  {d['path']} ({d['why']}, {_mib(d['bytes'])})\n"
                        for d in removed_dirs)
     else:
-        out.write("no temporary run directories without a complete epoch\n")
+        out.write("no temporary run directories of finished runs or "
+                  "without a complete epoch\n")
     if kept:
         one = len(kept) == 1
         out.write(f"{len(kept)} temporary run "
-                  f"director{'y' if one else 'ies'} of runs that are gone "
-                  f"{'stays: it holds' if one else 'stay: they hold'} a "
-                  "complete epoch to resume from (python -m "
+                  f"director{'y' if one else 'ies'} of runs that stopped "
+                  f"short {'stays: it holds' if one else 'stay: they hold'} "
+                  "a complete epoch to resume from (python -m "
                   "localcluster.ckpt prune DIR --keep N thins one, rm -r DIR "
                   "removes it)\n")
 
@@ -129,8 +133,9 @@ def temp_run_dirs():
 
 
 def remove_gone_temp_dirs(directories):
-    """Remove those of ``directories`` whose run is gone and that hold no
-    complete epoch: ``([{"path", "bytes"}], [paths kept: complete])``.
+    """Remove those of ``directories`` whose run is gone and that either
+    finished or hold no complete epoch: ``([{"path", "bytes", "why"}],
+    [paths kept: a complete epoch of a run that stopped short])``.
     Directories in use, or not removable, are in neither list."""
     removed, kept = [], []
     for path in directories:
@@ -144,7 +149,8 @@ def remove_gone_temp_dirs(directories):
         try:
             found = scan(path, quick=True, about_run=False)
             writing = any(e.writing for e in found.epochs.values())
-            if found.resume_epoch is not None:
+            finished = last_run_status(path) == "ok"
+            if found.resume_epoch is not None and not finished:
                 kept.append(path)
             elif not writing:
                 freed = _remove_files(path)
@@ -155,7 +161,9 @@ def remove_gone_temp_dirs(directories):
                 os.rmdir(path)
             except OSError:
                 continue  # something came in after all: it stays
-            removed.append({"path": path, "bytes": freed})
+            removed.append({"path": path, "bytes": freed,
+                            "why": "finished" if finished else
+                            "nothing to resume"})
     return removed, kept
 
 

@@ -227,7 +227,10 @@ class NodeHandle:
         if fault is not None:
             cause = f"{fault!r} fired"
         elif code == EXIT_MEMORY:
-            cause = "it exceeded its memory_limit"
+            limit = self.kwargs.get("memory_limit")
+            cause = (f"it exceeded its memory_limit of {limit} bytes" if limit
+                     else "it ran out of memory (MemoryError)")
+            cause += "; " + _memory_fix(limit)
         elif signame == "SIGKILL":
             cause = ("likely killed by the OOM killer or a test" +
                      (f" (memory_limit={self.kwargs['memory_limit']})"
@@ -245,6 +248,29 @@ class NodeHandle:
             f"it restarts with an empty workspace on the next run{tail}",
             node=self.name, exitcode=code, signal_name=signame,
             last_log_lines=lines)
+
+    def memory_error(self, info):
+        """Reap a node that answered with a ``memory`` error (`_node`:
+        it ran out of memory and ends); the NodeFailedError saying so."""
+        self.reap(wait=START_TIMEOUT)
+        limit = self.kwargs.get("memory_limit")
+        doing = f" while {info['doing']}" if info.get("doing") else ""
+        what = info["type"] + (f": {info['message']}" if info["message"]
+                               else "")
+        error = NodeFailedError(
+            (f"node {self.name!r} exceeded its memory_limit of {limit} bytes"
+             if limit else f"node {self.name!r} ran out of memory")
+            + f"{doing} ({what}); it was stopped and restarts with an empty "
+            f"workspace on the next run; {_memory_fix(limit)}",
+            node=self.name, exitcode=self.exitcode)
+        error.__cause__ = P.RemoteTraceback(info["traceback"])
+        return error
+
+
+def _memory_fix(limit):
+    """What to do about a node that ran out of memory."""
+    return ("give it fewer or smaller blobs, or more memory" +
+            (" (a higher memory_limit)" if limit else ""))
 
 
 class ControlWords:

@@ -26,6 +26,15 @@ process is its own process group, gets SIGKILL if the master's launching
 thread dies (Linux parent-death signal), and the watcher cancels the run
 and the main loop ends on pipe EOF when the master goes away; a clean exit
 is announced with ``("bye", rid)``, so any other exit is a crash.
+
+A node out of memory outside its ops -- loading a plan, taking a fed
+blob, packing outputs, reading a request, starting -- or past its
+``memory_limit`` anywhere, answers the request (if it can) with a
+``memory`` error saying what it was doing, and ends with `EXIT_MEMORY`:
+the master reports one error naming the node and memory, and restarts it
+empty on the next run.  No traceback is printed: that would be the only
+thing the user saw of it, twice.  A `MemoryError` an op raises (without a
+``memory_limit``) fails that op, like any other error of it.
 """
 
 import gc
@@ -39,6 +48,7 @@ import threading
 
 import numpy as np
 
+from ..errors import TaskFailedError
 from ..plan.packing import unpack_plan
 from ..runtime import shm
 from ..runtime.channels import LocalChannel
@@ -52,7 +62,8 @@ from ._title import set_title
 
 log = logging.getLogger(__name__)
 
-#: exit status of a node that stopped because it exceeded memory_limit
+#: exit status of a node that stopped because it ran out of memory (past
+#: its memory_limit, or outside its ops)
 EXIT_MEMORY = 86
 #: exit status of a node that ended itself: its master was gone
 EXIT_ORPHANED = 87
@@ -77,6 +88,14 @@ class NodeSpec:
 
 def node_main(spec, conn, log_conn):
     """Entry point of a node process."""
+    try:
+        _node_main(spec, conn, log_conn)
+    except MemoryError:
+        # starting, or past what serve() answers: the exit status says it
+        os._exit(EXIT_MEMORY)
+
+
+def _node_main(spec, conn, log_conn):
     set_title(spec.name, spec.master_pid)   # ps shows the node from now on
     try:
         os.setpgid(0, 0)
@@ -214,6 +233,10 @@ class _NodeServer:
             except (EOFError, OSError):
                 self.close()  # the master is gone
                 return 0
+            except MemoryError:
+                # no room for the request itself: there is no rid to
+                # answer; the exit status tells the master
+                return self._out_of_memory()
             kind, rid = msg[0], msg[1]
             if kind == P.SHUTDOWN:
                 self.close()
@@ -224,11 +247,29 @@ class _NodeServer:
                 return 0
             try:
                 reply = self.handle(kind, rid, msg[2:])
-            except _MemoryLimit as exc:
-                self._reply((P.ERROR, rid, P.error_info(exc.error, P.MEMORY)))
-                self.close()
-                return EXIT_MEMORY
-            self._reply(reply)
+                self._reply(reply)
+            except _OutOfMemory as exc:
+                return self._out_of_memory(rid, exc)
+            except MemoryError as exc:  # the reply itself had no room
+                return self._out_of_memory(
+                    rid, _OutOfMemory(exc, "sending its answer to the "
+                                      "master"))
+
+    def _out_of_memory(self, rid=None, exc=None):
+        """Answer ``rid`` with the memory error ``exc`` (if there is room
+        for that), release what the node holds; the exit status."""
+        try:
+            if rid is not None:
+                info = P.error_info(exc.error, P.MEMORY)
+                info["doing"] = exc.doing
+                self._reply((P.ERROR, rid, info))
+        except MemoryError:
+            pass  # the exit status says it
+        try:
+            self.close()
+        except MemoryError:
+            pass  # the master sweeps the node's segments
+        return EXIT_MEMORY
 
     def _reply(self, msg):
         # Output written before the reply reaches the master first: the
@@ -267,13 +308,18 @@ class _NodeServer:
             if kind == P.HAS:
                 return (P.OK, rid, self.runtime.has(args[0]))
             raise ValueError(f"unknown request {kind!r}")
-        except _MemoryLimit:
+        except _OutOfMemory:
             raise
         except _PlanLoadError as exc:
+            if _is_memory(exc.error):
+                raise _OutOfMemory(exc.error, "loading the plan it was "
+                                   "sent") from exc
             return (P.ERROR, rid, P.error_info(exc.error, P.PLAN))
         except BaseException as exc:  # noqa: BLE001 - sent to the master
-            if self.spec.kwargs.get("memory_limit") and _is_memory(exc):
-                raise _MemoryLimit(exc) from exc
+            if _is_memory(exc) and (self.spec.kwargs.get("memory_limit") or
+                                    not isinstance(exc, TaskFailedError)):
+                raise _OutOfMemory(exc, None if isinstance(
+                    exc, TaskFailedError) else _doing(kind, args)) from exc
             return (P.ERROR, rid, P.error_info(exc))
 
     def run(self, rid, plan_id, plan_bytes, channels, options=None):
@@ -318,10 +364,24 @@ def _is_memory(exc):
     return False
 
 
-class _MemoryLimit(Exception):
-    def __init__(self, error):
+def _doing(kind, args):
+    """What a node handling request ``kind`` with ``args`` was doing."""
+    if kind == P.RUN:
+        return "running a plan, outside its ops"
+    if kind == P.FEED:
+        return f"taking blob {args[0]!r} fed to it"
+    if kind == P.FETCH:
+        return f"giving blob {args[0]!r} to the master"
+    return f"answering the master's {kind!r}"
+
+
+class _OutOfMemory(Exception):
+    """A `MemoryError` that ends the node: ``error`` (what was raised) and
+    what the node was ``doing``."""
+
+    def __init__(self, error, doing=None):
         super().__init__(str(error))
-        self.error = error
+        self.error, self.doing = error, doing
 
 
 class _PlanLoadError(Exception):

@@ -16,10 +16,10 @@ import os
 import signal
 import time
 
-from ..errors import NodeFailedError, RunTimeoutError
+from ..errors import RunTimeoutError
 from . import _protocol as P
 from . import driver
-from ._handle import CONN, SENTINEL, START_TIMEOUT, NodeState
+from ._handle import CONN, SENTINEL, NodeState
 
 __all__ = ["ProcessRunIO", "OUTPUT_WAIT"]
 
@@ -75,8 +75,8 @@ class ProcessRunIO(driver.RunIO):
                     self.s._reader.outputs(handle.name, msg[2]["outputs"]))
         info = msg[2]
         if info["kind"] == P.MEMORY:
-            return (driver.FAILED, handle.name, self._memory_error(handle,
-                                                                   info))
+            return (driver.FAILED, handle.name,
+                    self.s._out_of_memory(handle, info))
         if info["kind"] == P.PLAN:
             handle.plans.clear()  # the node kept none of what failed to load
         return (driver.FAILED, handle.name,
@@ -85,20 +85,10 @@ class ProcessRunIO(driver.RunIO):
     def _died(self, handle, during):
         error = self.s._death(handle, during)
         if handle.name not in self.state.pending:
-            log.warning("%s", error)  # after its reply: the next run says
+            # after its reply: the next run that includes it raises this
+            # error -- a warning now would say it twice
+            log.info("%s", error)
         return (driver.DIED, handle.name, error)
-
-    def _memory_error(self, handle, info):
-        handle.reap(wait=START_TIMEOUT)
-        self.s._forget(handle)
-        limit = handle.kwargs.get("memory_limit")
-        error = NodeFailedError(
-            f"node {handle.name!r} exceeded its memory_limit of {limit} "
-            f"bytes ({info['type']}: {info['message']}); it was stopped "
-            "and restarts with an empty workspace on the next run",
-            node=handle.name, exitcode=handle.exitcode)
-        error.__cause__ = P.RemoteTraceback(info["traceback"])
-        return error
 
     def _idle_event(self, handle, kind):
         """A node outside the run spoke (a late reply) or died."""
@@ -114,7 +104,7 @@ class ProcessRunIO(driver.RunIO):
         # reports the death (instead of quietly restarting it empty).
         error = self.s._death(handle, "idle")
         self.s._unreported[handle.name] = error
-        log.warning("%s", error)
+        log.info("%s", error)  # (raised by that run: said once)
 
     def cancel(self, nodes, rid):
         for name in nodes:

@@ -191,6 +191,13 @@ class LocalHostScheduler(Session):
         self._forget(handle)
         return error
 
+    def _out_of_memory(self, handle, info):
+        """A node that answered with a ``memory`` error: it ends; reaped
+        and forgotten, its error."""
+        error = handle.memory_error(info)
+        self._forget(handle)
+        return error
+
     def _kill(self, handle):
         handle.kill()
         self._forget(handle)
@@ -266,6 +273,8 @@ class LocalHostScheduler(Session):
             if reply[1] != rid:
                 continue
             handle.log.wait_for(reply[-1], OUTPUT_WAIT)
+            if reply[0] == P.ERROR and reply[2]["kind"] == P.MEMORY:
+                raise self._out_of_memory(handle, reply[2])
             if reply[0] == P.ERROR:
                 raise P.rebuild_error(handle.name, reply[2])
             return reply[2]

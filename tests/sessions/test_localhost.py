@@ -21,6 +21,8 @@ from localcluster import (LocalHostScheduler, Net, Node,
                           TaskFailedError, TaskGroup, WorkspaceType,
                           final_output, ops)
 from localcluster.runtime import shm
+from localcluster.sessions import _node
+from localcluster.sessions import _protocol as P
 
 from conftest import child_processes
 
@@ -80,6 +82,17 @@ class LoadsNowhere:
         return (_boom, ())
 
 
+def _no_memory(*args):
+    raise MemoryError()
+
+
+class LoadsOutOfMemory(LoadsNowhere):
+    """A callable whose unpickling in the node runs out of memory."""
+
+    def __reduce__(self):
+        return (_no_memory, ())
+
+
 # -- helpers -----------------------------------------------------------------
 
 
@@ -94,9 +107,9 @@ def python_group(fn, node="victim", timeout_node=None):
     return tg
 
 
-def small_group():
+def small_group(nodes=("victim", "bystander")):
     with TaskGroup(WorkspaceType.GLOBAL) as tg:
-        for node in ("victim", "bystander"):
+        for node in nodes:
             with Node(node), Task():
                 ops.Add([ops.Const(1.0), ops.Const(2.0)], ["three"])
                 final_output("three")
@@ -123,6 +136,10 @@ FAULTS = [
      TaskFailedError, ["'victim'", "boom from the node"]),
     ("a plan that fails to unpickle", lambda: python_group(LoadsNowhere()),
      {}, {}, PlanError, ["'victim'", "could not be loaded"]),
+    ("out of memory loading a plan",
+     lambda: python_group(LoadsOutOfMemory()), {}, {}, NodeFailedError,
+     ["'victim'", "memory", "while loading the plan it was sent",
+      "fewer or smaller blobs, or more memory"]),
     ("exceeding memory_limit", lambda: python_group(allocate_2_gib),
      {"memory_limit": 256 * 2 ** 20}, {}, NodeFailedError,
      ["'victim'", "memory_limit"]),
@@ -149,6 +166,73 @@ def test_fault_table(localhost, case, build, kwargs, run_kwargs, error,
     again = small_group()
     session.run(again)
     assert [t.outputs()[0].fetch() for t in again.tasks()] == [3.0, 3.0]
+    assert_clean(session)
+
+
+def _out_of_memory(owner, name, when=lambda *args, result=None: True):
+    """Patch ``owner.name`` to raise MemoryError in a node process (the
+    nodes fork after the patch; the master never raises), once ``when``
+    says so of its arguments (and, given ``result=``, what it returned)."""
+    original, master = getattr(owner, name), os.getpid()
+
+    def patched(*args, **kwargs):
+        if os.getpid() == master:
+            return original(*args, **kwargs)
+        if "result" in when.__code__.co_varnames:
+            result = original(*args, **kwargs)
+            if when(*args, result=result):
+                raise MemoryError()
+            return result
+        raise MemoryError()
+    return owner, name, patched
+
+
+#: a node no test gives a memory_limit (the cluster keeps Node options)
+HUNGRY = ("hungry", "bystander")
+
+
+def _fed(session):
+    session.feed_blob("fed", np.arange(3), node="hungry")
+
+
+def _run(session):
+    session.run(small_group(HUNGRY[:1]))  # (the bystander would pack too)
+
+
+def _fetched(session):
+    session.run(small_group(HUNGRY))
+    session.fetch_blob("three", node="hungry")
+
+
+OUT_OF_MEMORY = [
+    # (what runs out of memory, the patch, what the test does, the words)
+    ("taking a fed blob", _out_of_memory(shm.ShmStore, "adopt"), _fed,
+     "'hungry' ran out of memory while taking blob 'fed' fed to it"),
+    ("packing a run's outputs", _out_of_memory(_node._Outbox, "pack"), _run,
+     "'hungry' ran out of memory while running a plan, outside its ops"),
+    ("reading a request", _out_of_memory(
+        P.Reader, "recv", lambda reader, result=None: result[0] == P.FETCH),
+     _fetched,
+     "'hungry' died (exit 86) while handling fetch; it ran out of memory"),
+]
+
+
+@pytest.mark.parametrize("case,patch,action,words", OUT_OF_MEMORY,
+                         ids=[c[0] for c in OUT_OF_MEMORY])
+def test_a_node_out_of_memory_outside_its_ops_is_one_error_saying_so(
+        localhost, monkeypatch, capfd, case, patch, action, words):
+    monkeypatch.setattr(*patch)
+    session = localhost()
+    with pytest.raises(NodeFailedError) as info:
+        action(session)
+    assert words in str(info.value), str(info.value)
+    assert "give it fewer or smaller blobs, or more memory" in \
+        str(info.value)
+    assert info.value.node == "hungry" and not info.value.last_log_lines
+    # one error, no traceback printed -- by the node or for it
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "MemoryError" not in out + err
+    monkeypatch.undo()
     assert_clean(session)
 
 

@@ -8,6 +8,11 @@ run's checkpoints always stays: the run file, the lock, ``metrics.jsonl``,
 and any file named ``<x>.<n>`` that is not a checkpoint of the job's node
 ``x`` and epoch ``n`` (`scan` tells them apart).  An epoch a live writer
 is still writing is left alone.
+
+A checkpoint that refers to an earlier epoch's file for its unchanged
+blobs (`localcluster.checkpoint.reuse`) needs that file: an epoch that a
+kept one refers to is kept, whole -- still complete, still resumable --
+for as long as a kept epoch refers to it.
 """
 
 import logging
@@ -18,28 +23,43 @@ from .metrics import METRICS_FILE
 from .scan import scan, size_of
 from ...checkpoint.names import partial_of
 
-__all__ = ["prune_plan", "remove", "prune"]
+__all__ = ["PrunePlan", "prune_plan", "remove", "prune"]
 
 log = logging.getLogger("localcluster.ckpt")
 
 
+class PrunePlan:
+    """What pruning a run directory keeps and removes: ``kept``, every
+    epoch that stays (the newest complete ones asked for, and those they
+    refer to); ``referred``, those of them kept because a kept epoch
+    refers to their files; ``remove``, ``[(name, why)]``."""
+
+    __slots__ = ("kept", "referred", "remove")
+
+    def __init__(self, kept, referred, remove):
+        self.kept, self.referred, self.remove = kept, referred, remove
+
+
 def prune_plan(found, keep):
-    """``(kept epochs, [(name, why)])``: what pruning ``found`` (a
-    `RunDir`) to its ``keep`` newest complete epochs removes -- every
-    other epoch's files of the run (an epoch being written excepted) and
-    the partial checkpoint files of dead writers.  Without a complete
+    """The `PrunePlan` of pruning ``found`` (a `RunDir`) to its ``keep``
+    newest complete epochs: every other epoch's files of the run go (an
+    epoch being written, and one a staying epoch refers to, excepted),
+    and the partial checkpoint files of dead writers.  Without a complete
     epoch no epoch is removed: nothing would be gained by judging which
     are torn (maybe wrongly: the nodes are what the files say)."""
     if not isinstance(keep, int) or keep < 1:
         raise ValueError(f"keep={keep!r}: keep at least the newest complete "
                          "epoch (to drop a whole run, remove its directory)")
-    kept = found.complete_epochs()[-keep:]
+    newest = found.complete_epochs()[-keep:]
+    # no complete epoch at all: the nodes may be judged wrongly, and
+    # nothing is gained -- torn epochs stay until one is complete
+    staying = set(found.epochs) if not newest else set(newest) | {
+        number for number, state in found.epochs.items() if state.writing}
+    referred = found.referred(staying)
     plan = []
     for number in sorted(found.epochs):
         state = found.epochs[number]
-        # no complete epoch at all: the nodes may be judged wrongly, and
-        # nothing is gained -- torn epochs stay until one is complete
-        if number in kept or state.writing or not kept:
+        if number in staying or number in referred:
             continue
         why = (f"epoch {number} (complete, older than those kept)"
                if state.complete else f"epoch {number} (torn)")
@@ -50,7 +70,8 @@ def prune_plan(found, keep):
     # never the run's own files, whatever a name looks like
     plan = [(n, why) for n, why in plan
             if not is_run_file(n) and n != METRICS_FILE]
-    return kept, plan
+    kept = sorted(set(newest) | {n for n in referred if n in found.epochs})
+    return PrunePlan(kept, sorted(n for n in referred if n in kept), plan)
 
 
 def remove(directory, names):
@@ -86,11 +107,12 @@ def prune(directory, keep, nodes=None):
     disk counts as complete here; ``python -m localcluster.ckpt prune``
     verifies fully by default.  The newest complete epoch -- the one a
     restart or a ``--resume`` takes -- is never removed (``keep`` >= 1),
-    nor an epoch a live writer is still writing.  A file that cannot be
+    nor an epoch a live writer is still writing, nor one a kept epoch
+    refers to.  A file that cannot be
     removed stays (a warning), and is tried again the next time."""
     found = scan(directory, quick=True, nodes=nodes, about_run=False)
-    _, plan = prune_plan(found, keep)
-    removed, _, errors = remove(directory, [name for name, _ in plan])
+    plan = prune_plan(found, keep)
+    removed, _, errors = remove(directory, [name for name, _ in plan.remove])
     for error in errors:
         log.warning("pruning checkpoints: %s is kept (cannot be removed)",
                     error)

@@ -10,13 +10,21 @@ exactly what ``--resume`` accepts (`MultiNodeCheckpointManager`), so the
 latest complete epoch is the one ``--resume`` picks.  Otherwise it is
 ``torn``, and each node's problem is named: ``missing``, ``partial write``
 (the writer died mid-write; ``being written`` if it lives), ``corrupt``
-(the `CheckpointError`'s reason), or ``not its checkpoint`` (a file named
-like one that is not: another node's or epoch's, or not localcluster's).
+(the `CheckpointError`'s reason), ``refers to <file>, which ...`` (an
+earlier file it refers to is gone or not as it recorded), or ``not its
+checkpoint`` (a file named like one that is not: another node's or
+epoch's, or not localcluster's).
 
 A full scan reads every byte (CRC-32); ``quick`` reads the manifests
 alone: an epoch it calls complete has every node's file, of the right
 node and epoch, with its structure intact -- but a flipped bit in the
 data would go unseen.
+
+A checkpoint may refer to an earlier one of its node for the blobs that
+did not change since (`localcluster.checkpoint.reuse`): its epoch
+``refers`` to that one, which a prune keeps as long as it is kept
+(`RunDir.referred`), and it is complete only if what it refers to is
+there as it recorded.
 
 A file named ``<x>.<n>`` counts as the run's when its manifest names
 that node and epoch, or, unreadable, when it is the start of a
@@ -33,7 +41,8 @@ from .metrics import METRICS_FILE, read_metrics
 from ...checkpoint.manager import MultiNodeCheckpointManager
 from ...checkpoint.names import parse_name, partial_of
 from ...checkpoint.partials import partials_under
-from ...checkpoint.state import TORN, WHOLE, classify, is_checkpoint
+from ...checkpoint.state import (DANGLING, FOREIGN, TORN, WHOLE, classify,
+                                 is_checkpoint)
 
 __all__ = ["RunDir", "Epoch", "scan", "is_run_dir", "run_dirs",
            "last_run_status", "size_of"]
@@ -106,6 +115,7 @@ class Epoch:
         self.problems = {}     # node -> what is wrong
         self.size = 0          # bytes of self.files
         self.writing = False   # a live writer has a partial file of it
+        self.refers = set()    # earlier epochs its files refer to
 
     @property
     def complete(self):
@@ -122,7 +132,8 @@ class Epoch:
                 "nodes_expected": sorted(self.expected),
                 "problems": dict(sorted(self.problems.items())),
                 "files": sorted(self.files), "bytes": self.size,
-                "being_written": self.writing}
+                "being_written": self.writing,
+                "refers_to": sorted(self.refers)}
 
 
 class RunDir:
@@ -154,6 +165,18 @@ class RunDir:
     def complete_epochs(self):
         return sorted(e for e, s in self.epochs.items() if s.complete)
 
+    def referred(self, epochs):
+        """The other epochs whose files those of ``epochs`` refer to for
+        their unchanged blobs -- directly, or through each other."""
+        seen, todo = set(epochs), list(epochs)
+        while todo:
+            state = self.epochs.get(todo.pop())
+            for number in sorted(state.refers) if state else ():
+                if number not in seen:
+                    seen.add(number)
+                    todo.append(number)
+        return seen - set(epochs)
+
     def as_json(self):
         return {"path": self.path, "job": self.job, "in_use": self.in_use,
                 "pid": self.pid, "last_run": self.last_run,
@@ -184,12 +207,15 @@ def scan(directory, quick=False, nodes=None, about_run=True):
     named = _named(found)
     foreign = {}  # (node, epoch) -> why a file named so is not ours
     for (node, number), name in sorted(named.items()):
-        problem = _check(os.path.join(directory, name), node, number, quick)
-        if problem is not None and problem.startswith("not its"):
+        verdict = classify(os.path.join(directory, name), node, number,
+                           quick)
+        problem = _problem(verdict)
+        if verdict.kind == FOREIGN:
             found.foreign.append(name)
             foreign[node, number] = problem
             continue
         state = found.epoch(number)
+        state.refers.update(_epochs_of(verdict.references, node))
         state.files.append(name)
         state.size += size_of(os.path.join(directory, name))
         if problem is None:
@@ -258,13 +284,20 @@ def size_of(path):
         return 0
 
 
-def _check(path, node, epoch, quick):
-    """None if ``path`` is a sound checkpoint of ``node`` and ``epoch``;
-    else what is wrong, ``not its checkpoint (...)`` if it is not one of
-    this run's at all (`localcluster.checkpoint.state` judges)."""
-    verdict = classify(path, node, epoch, quick)
+def _epochs_of(files, node):
+    """The epochs of those of ``files`` that are ``node``'s checkpoints."""
+    named = (parse_name(name) for name in files)
+    return {n.epoch for n in named if n is not None and n.node == node}
+
+
+def _problem(verdict):
+    """None if the file judged is a sound checkpoint of its node and
+    epoch; else what is wrong, ``not its checkpoint (...)`` if it is not
+    one of this run's at all (`localcluster.checkpoint.state` judges)."""
     if verdict.kind == WHOLE:
         return None
     if verdict.kind == TORN:
         return f"corrupt ({verdict.reason})"
+    if verdict.kind == DANGLING:
+        return verdict.reason  # "refers to <file>, which ..."
     return f"not its checkpoint ({verdict.reason})"

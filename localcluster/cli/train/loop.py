@@ -35,8 +35,10 @@ __all__ = ["Run", "TEMP_KEEP_LAST"]
 
 log = logging.getLogger("localcluster.run")
 
-#: the complete epochs a run in the default temporary directory keeps
-TEMP_KEEP_LAST = 2
+#: the complete epochs a run in the default temporary directory keeps:
+#: what a resume needs (and the earlier files it refers to for blobs that
+#: did not change); ``--cleanup`` removes it once the run has finished
+TEMP_KEEP_LAST = 1
 
 
 class Run:
@@ -242,8 +244,9 @@ class Run:
                 f"{pattern}={','.join(map(str, cpus))}"
                 for pattern, cpus in opts.session.cpus))
         kept = ("" if self.keep_last is None else
-                f" (keeps the last {self.keep_last} complete epoch"
-                f"{'' if self.keep_last == 1 else 's'}"
+                " (keeps the last " + (
+                    "complete epoch" if self.keep_last == 1 else
+                    f"{self.keep_last} complete epochs")
                 + ("; --checkpoint-dir DIR keeps all" if
                    opts.checkpoint_dir is None and opts.keep_last is None
                    else "") + ")")
