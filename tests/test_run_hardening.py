@@ -479,6 +479,77 @@ def test_a_second_run_into_a_directory_in_use_is_refused(tmp_path):
     assert done.returncode == 0 and "no epoch left" in done.stdout
 
 
+FORKING_JOB = USER_JOB + textwrap.dedent('''
+
+    def fork_once(marker):
+        import os, time
+        if os.path.exists(str(marker)):
+            return
+        child = os.fork()
+        if child == 0:  # the node's title, the node's descriptors
+            time.sleep(3600)
+            os._exit(0)
+        with open(str(marker) + ".tmp", "w") as f:
+            f.write(str(child))
+        os.rename(str(marker) + ".tmp", str(marker))
+
+    def forks(epochs=40):
+        import os
+        marker = os.path.join(os.path.dirname(__file__), "child")
+        with Job() as job, Node("worker"):
+            with job.init_group, Task():
+                ops.Const(np.array(0.0), name="x")
+                ops.Const(np.array(marker), name="marker")
+            with Task() as task:
+                ops.Add(["x", ops.Const(np.array(1.0))], ["x"])
+                ops.Python(fork_once)(["marker"], [])
+                ops.Sleep([], seconds=0.25)
+                out = task.add_output("x")
+            epoch_limiter(job, epochs)
+        return job, {"metrics": {"x": out}}
+''')
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_masters_node_children_die_and_free_its_directory(tmp_path):
+    from localcluster import LocalHostScheduler
+    from localcluster.cli.rundir.directory import LOCK_FILE, in_use
+    job = write_job(tmp_path, FORKING_JOB, "forking_job.py")
+    ckpt = str(tmp_path / "c")
+    marker, child = tmp_path / "child", None
+    master = subprocess.Popen(
+        command("--job", f"{job}:forks", "--checkpoint-dir", ckpt),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert master.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        child = int(marker.read_text())
+        # the directory's lock is the master's alone: not held by what
+        # its nodes fork
+        held = [os.readlink(f"/proc/{child}/fd/{fd}")
+                for fd in os.listdir(f"/proc/{child}/fd")]
+        assert not [f for f in held if f.endswith(LOCK_FILE)], held
+        master.kill()
+        master.wait(10)
+        gone = time.monotonic()
+        while _alive(child) and time.monotonic() - gone < 10:
+            time.sleep(0.01)
+        took = time.monotonic() - gone
+        assert not _alive(child), "the node's child outlived its master"
+        assert took < 2, f"the node's child took {took:.2f} s to die"
+    finally:
+        if master.poll() is None:
+            master.kill()
+            master.wait(10)
+        if child is not None and _alive(child):
+            os.kill(child, signal.SIGKILL)
+    assert in_use(ckpt) == (False, None)   # --resume is not refused
+    LocalHostScheduler().close()   # sweeps the dead master's segments
+    assert leftovers(master.pid) == ([], [])
+
+
 def test_resume_with_more_epochs_trains_further(tmp_path):
     common = ["--nodes", "1", "--threads", "1", "--seed", "4"]
     expected, _ = json_run(*common, "--epochs", "4", "--checkpoint-dir",
