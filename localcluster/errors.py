@@ -181,12 +181,15 @@ class RunTimeoutError(LocalClusterError, TimeoutError):
 
     ``nodes`` were still running at the deadline; ``killed`` are those of
     them that did not stop when cancelled and were killed (a node process;
-    an in-process session breaks instead)."""
+    an in-process session breaks instead).  ``starting`` is true when
+    what took too long was the start of ``nodes``' processes: they never
+    said they were ready, and were killed."""
 
-    def __init__(self, message, *, nodes=(), killed=()):
+    def __init__(self, message, *, nodes=(), killed=(), starting=False):
         super().__init__(message)
         self.nodes = tuple(nodes)
         self.killed = tuple(killed)
+        self.starting = bool(starting)
 
 
 class InjectedFault(LocalClusterError):

@@ -188,6 +188,38 @@ def test_max_restarts_recovers_a_timed_out_node(tmp_path):
     assert summary["epochs"][-1]["metrics"]["x"] == 4
 
 
+STOPPED_NODE_JOB = USER_JOB + textwrap.dedent('''
+
+    import os, signal
+
+    # Loaded by the master: the first process it forks -- the node --
+    # stops before it is ready (as a node stopped with SIGSTOP would).
+    FORKS = []
+    os.register_at_fork(
+        before=lambda: FORKS.append(1),
+        after_in_child=lambda: len(FORKS) == 1 and os.kill(os.getpid(),
+                                                           signal.SIGSTOP))
+''')
+
+
+def test_a_node_that_does_not_start_is_bounded_by_the_timeout(tmp_path):
+    job = write_job(tmp_path, STOPPED_NODE_JOB, "stopped_job.py")
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        command("--job", f"{job}:build", "--timeout", "2",
+                "--checkpoint-dir", str(tmp_path / "c")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - started
+    assert proc.returncode == 1, out + err
+    assert took < 20, f"the stopped node held the run {took:.1f} s"
+    [line] = error_lines(err)
+    assert "'worker'" in line and "did not start" in line, line
+    assert "--timeout 2 s" in line and "--max-restarts" in line, line
+    assert "Traceback" not in out + err, err
+    assert leftovers(proc.pid) == ([], [])
+
+
 def usage_error(capsys, *args):
     """The command line's usage error for ``args`` (parsed in this
     process: no job runs), as its one line."""

@@ -142,8 +142,9 @@ class LocalHostScheduler(Session):
         and has not restarted yet is left out)."""
         return {n: h.pid for n, h in self._nodes.items() if h.alive()}
 
-    def _ensure(self, wanted):
-        """Start every node of ``{name: kwargs}`` that is not running."""
+    def _ensure(self, wanted, timeout=None):
+        """Start every node of ``{name: kwargs}`` that is not running, each
+        ready within ``timeout`` seconds (a run's) if one is given."""
         starting = []
         for name, kwargs in wanted.items():
             handle = self._nodes.get(name)
@@ -160,7 +161,7 @@ class LocalHostScheduler(Session):
             starting.append(self._spawn(name, kwargs))
         if starting:
             try:
-                await_ready(starting)
+                await_ready(starting, timeout)
             finally:
                 for handle in starting:
                     if not handle.alive():
@@ -203,7 +204,8 @@ class LocalHostScheduler(Session):
         error = driver.take_unreported(self._unreported, prepared)
         if error is not None:
             raise error
-        handles = self._ensure({p.node: p.node_kwargs for p in plans})
+        handles = self._ensure({p.node: p.node_kwargs for p in plans},
+                               timeout)
         rid = next(self._rids)
         channels = self._queues.for_run(shared, plans, prepared)
         state = driver.start([h.name for h in handles], rid,
