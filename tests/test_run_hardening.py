@@ -5,8 +5,10 @@ Every case ends in a clear error or a correct result, with nothing left
 behind.  (Tests are grouped by the point of the hardening issue they pin.)
 """
 
+import functools
 import json
 import os
+import resource
 import signal
 import stat
 import subprocess
@@ -659,6 +661,45 @@ def test_resume_from_an_epoch_that_is_not_there_is_one_line(tmp_path):
     no_traceback(done)
     [line] = done.stderr.strip().splitlines()
     assert "ps" in line and "--resume 1" in line, line
+
+
+def run_with_open_files(limits, *args):
+    """The command line run with RLIMIT_NOFILE ``(soft, hard)``."""
+    proc = subprocess.Popen(
+        command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, preexec_fn=functools.partial(
+            resource.setrlimit, resource.RLIMIT_NOFILE, limits))
+    out, err = proc.communicate(timeout=120)
+    return proc, out, err
+
+
+@pytest.mark.timeout(180)
+def test_too_few_descriptors_for_the_nodes_is_one_line_naming_the_limit(
+        tmp_path):
+    proc, out, err = run_with_open_files(
+        (128, 128), "--nodes", "60", "--epochs", "1", "--checkpoint-dir",
+        str(tmp_path / "c"))
+    assert proc.returncode == 1, out + err
+    [line] = error_lines(err)
+    assert "out of file descriptors starting 62 node process(es)" in line
+    assert "may have 128 open (soft RLIMIT_NOFILE; hard limit 128)" in line
+    assert "needs about" in line and "ulimit -n 512" in line, line
+    assert "Traceback" not in out + err, err
+    assert "epoch 1/" not in out
+    assert leftovers(proc.pid) == ([], [])   # nothing was started
+
+
+@pytest.mark.timeout(180)
+def test_a_low_soft_descriptor_limit_is_raised_for_the_nodes(tmp_path):
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"the hard limit here ({hard}) leaves no room")
+    proc, out, err = run_with_open_files(
+        (128, hard), "--nodes", "60", "--epochs", "1", "--checkpoint-dir",
+        str(tmp_path / "c"))
+    assert proc.returncode == 0, out + err
+    assert "epoch 1/1" in out and "Traceback" not in err, err
+    assert leftovers(proc.pid) == ([], [])
 
 
 def test_a_closed_stdout_is_one_line(tmp_path):
