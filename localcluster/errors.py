@@ -29,6 +29,7 @@ __all__ = [
     "InjectedFault",
     "BlobNotFoundError",
     "SharedMemoryFullError",
+    "DescriptorLimitError",
     "RemoteTraceback",
     "Cancelled",
     "DeadlockError",
@@ -84,6 +85,24 @@ def _rebuild_shm_full(message, state):
     err = SharedMemoryFullError(message)
     err.__dict__.update(state)
     return err
+
+
+class DescriptorLimitError(LocalClusterError, OSError):
+    """The master may not open the file descriptors a run's node processes
+    and queues need (``errno`` EMFILE): raised before the run starts
+    them, naming the limit and the fix, instead of a bare "Too many open
+    files" halfway through.  ``limit`` is the soft RLIMIT_NOFILE, ``hard``
+    the hard one (None: unlimited), ``in_use`` how many were open and
+    ``needed`` about how many the run needs."""
+
+    def __init__(self, message, *, limit=None, hard=None, in_use=None,
+                 needed=None):
+        super().__init__(message)
+        self.errno = errno.EMFILE
+        self.limit = limit
+        self.hard = hard
+        self.in_use = in_use
+        self.needed = needed
 
 
 class RemoteTraceback(Exception):
@@ -181,12 +200,15 @@ class RunTimeoutError(LocalClusterError, TimeoutError):
 
     ``nodes`` were still running at the deadline; ``killed`` are those of
     them that did not stop when cancelled and were killed (a node process;
-    an in-process session breaks instead)."""
+    an in-process session breaks instead).  ``starting`` is true when
+    what took too long was the start of ``nodes``' processes: they never
+    said they were ready, and were killed."""
 
-    def __init__(self, message, *, nodes=(), killed=()):
+    def __init__(self, message, *, nodes=(), killed=(), starting=False):
         super().__init__(message)
         self.nodes = tuple(nodes)
         self.killed = tuple(killed)
+        self.starting = bool(starting)
 
 
 class InjectedFault(LocalClusterError):

@@ -5,8 +5,10 @@ Every case ends in a clear error or a correct result, with nothing left
 behind.  (Tests are grouped by the point of the hardening issue they pin.)
 """
 
+import functools
 import json
 import os
+import resource
 import signal
 import stat
 import subprocess
@@ -186,6 +188,38 @@ def test_max_restarts_recovers_a_timed_out_node(tmp_path):
     assert (tmp_path / "hung").exists()
     assert [r["resumed_from"] for r in summary["restarts"]] == [1]
     assert summary["epochs"][-1]["metrics"]["x"] == 4
+
+
+STOPPED_NODE_JOB = USER_JOB + textwrap.dedent('''
+
+    import os, signal
+
+    # Loaded by the master: the first process it forks -- the node --
+    # stops before it is ready (as a node stopped with SIGSTOP would).
+    FORKS = []
+    os.register_at_fork(
+        before=lambda: FORKS.append(1),
+        after_in_child=lambda: len(FORKS) == 1 and os.kill(os.getpid(),
+                                                           signal.SIGSTOP))
+''')
+
+
+def test_a_node_that_does_not_start_is_bounded_by_the_timeout(tmp_path):
+    job = write_job(tmp_path, STOPPED_NODE_JOB, "stopped_job.py")
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        command("--job", f"{job}:build", "--timeout", "2",
+                "--checkpoint-dir", str(tmp_path / "c")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - started
+    assert proc.returncode == 1, out + err
+    assert took < 20, f"the stopped node held the run {took:.1f} s"
+    [line] = error_lines(err)
+    assert "'worker'" in line and "did not start" in line, line
+    assert "--timeout 2 s" in line and "--max-restarts" in line, line
+    assert "Traceback" not in out + err, err
+    assert leftovers(proc.pid) == ([], [])
 
 
 def usage_error(capsys, *args):
@@ -479,6 +513,77 @@ def test_a_second_run_into_a_directory_in_use_is_refused(tmp_path):
     assert done.returncode == 0 and "no epoch left" in done.stdout
 
 
+FORKING_JOB = USER_JOB + textwrap.dedent('''
+
+    def fork_once(marker):
+        import os, time
+        if os.path.exists(str(marker)):
+            return
+        child = os.fork()
+        if child == 0:  # the node's title, the node's descriptors
+            time.sleep(3600)
+            os._exit(0)
+        with open(str(marker) + ".tmp", "w") as f:
+            f.write(str(child))
+        os.rename(str(marker) + ".tmp", str(marker))
+
+    def forks(epochs=40):
+        import os
+        marker = os.path.join(os.path.dirname(__file__), "child")
+        with Job() as job, Node("worker"):
+            with job.init_group, Task():
+                ops.Const(np.array(0.0), name="x")
+                ops.Const(np.array(marker), name="marker")
+            with Task() as task:
+                ops.Add(["x", ops.Const(np.array(1.0))], ["x"])
+                ops.Python(fork_once)(["marker"], [])
+                ops.Sleep([], seconds=0.25)
+                out = task.add_output("x")
+            epoch_limiter(job, epochs)
+        return job, {"metrics": {"x": out}}
+''')
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_masters_node_children_die_and_free_its_directory(tmp_path):
+    from localcluster import LocalHostScheduler
+    from localcluster.cli.rundir.directory import LOCK_FILE, in_use
+    job = write_job(tmp_path, FORKING_JOB, "forking_job.py")
+    ckpt = str(tmp_path / "c")
+    marker, child = tmp_path / "child", None
+    master = subprocess.Popen(
+        command("--job", f"{job}:forks", "--checkpoint-dir", ckpt),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert master.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        child = int(marker.read_text())
+        # the directory's lock is the master's alone: not held by what
+        # its nodes fork
+        held = [os.readlink(f"/proc/{child}/fd/{fd}")
+                for fd in os.listdir(f"/proc/{child}/fd")]
+        assert not [f for f in held if f.endswith(LOCK_FILE)], held
+        master.kill()
+        master.wait(10)
+        gone = time.monotonic()
+        while _alive(child) and time.monotonic() - gone < 10:
+            time.sleep(0.01)
+        took = time.monotonic() - gone
+        assert not _alive(child), "the node's child outlived its master"
+        assert took < 2, f"the node's child took {took:.2f} s to die"
+    finally:
+        if master.poll() is None:
+            master.kill()
+            master.wait(10)
+        if child is not None and _alive(child):
+            os.kill(child, signal.SIGKILL)
+    assert in_use(ckpt) == (False, None)   # --resume is not refused
+    LocalHostScheduler().close()   # sweeps the dead master's segments
+    assert leftovers(master.pid) == ([], [])
+
+
 def test_resume_with_more_epochs_trains_further(tmp_path):
     common = ["--nodes", "1", "--threads", "1", "--seed", "4"]
     expected, _ = json_run(*common, "--epochs", "4", "--checkpoint-dir",
@@ -556,6 +661,45 @@ def test_resume_from_an_epoch_that_is_not_there_is_one_line(tmp_path):
     no_traceback(done)
     [line] = done.stderr.strip().splitlines()
     assert "ps" in line and "--resume 1" in line, line
+
+
+def run_with_open_files(limits, *args):
+    """The command line run with RLIMIT_NOFILE ``(soft, hard)``."""
+    proc = subprocess.Popen(
+        command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, preexec_fn=functools.partial(
+            resource.setrlimit, resource.RLIMIT_NOFILE, limits))
+    out, err = proc.communicate(timeout=120)
+    return proc, out, err
+
+
+@pytest.mark.timeout(180)
+def test_too_few_descriptors_for_the_nodes_is_one_line_naming_the_limit(
+        tmp_path):
+    proc, out, err = run_with_open_files(
+        (128, 128), "--nodes", "60", "--epochs", "1", "--checkpoint-dir",
+        str(tmp_path / "c"))
+    assert proc.returncode == 1, out + err
+    [line] = error_lines(err)
+    assert "out of file descriptors starting 62 node process(es)" in line
+    assert "may have 128 open (soft RLIMIT_NOFILE; hard limit 128)" in line
+    assert "needs about" in line and "ulimit -n 512" in line, line
+    assert "Traceback" not in out + err, err
+    assert "epoch 1/" not in out
+    assert leftovers(proc.pid) == ([], [])   # nothing was started
+
+
+@pytest.mark.timeout(180)
+def test_a_low_soft_descriptor_limit_is_raised_for_the_nodes(tmp_path):
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"the hard limit here ({hard}) leaves no room")
+    proc, out, err = run_with_open_files(
+        (128, hard), "--nodes", "60", "--epochs", "1", "--checkpoint-dir",
+        str(tmp_path / "c"))
+    assert proc.returncode == 0, out + err
+    assert "epoch 1/1" in out and "Traceback" not in err, err
+    assert leftovers(proc.pid) == ([], [])
 
 
 def test_a_closed_stdout_is_one_line(tmp_path):

@@ -16,8 +16,8 @@ only hungrier).
 
 The limit.  The soft RLIMIT_NOFILE (often 1024) is kept low for programs
 that ``select()``; localcluster polls, so `open_fd` raises the soft limit
-to the hard one -- before it runs out, and on EMFILE -- and says what
-holds the descriptors when there is no headroom left.
+to the hard one (`fdlimit`) -- before it runs out, and on EMFILE -- and
+names the limit and the fix when there is no headroom left.
 """
 
 import ctypes
@@ -28,6 +28,8 @@ import os
 import resource
 import sys
 import threading
+
+from . import fdlimit
 
 __all__ = ["open_fd", "map_fd"]
 
@@ -61,13 +63,7 @@ def open_fd(path, flags, mode=0o600):
 
 
 def _out_of_fds(doing):
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return OSError(
-        errno.EMFILE,
-        f"out of file descriptors {doing} (this process may have {soft} "
-        "open: raise `ulimit -n`); a node process takes about 3 in the "
-        "master, and every queue between two node processes 2 in the "
-        "master and 2 in each of its nodes")
+    return fdlimit.limit_error(doing)
 
 
 def _set_fd_mark():
@@ -79,22 +75,13 @@ def _set_fd_mark():
 
 
 def _raise_fd_limit():
-    """Raise RLIMIT_NOFILE's soft limit to the hard one; False if there is
-    no headroom."""
+    """Raise RLIMIT_NOFILE's soft limit to the hard one (`fdlimit`'s
+    rule); False if there is no headroom."""
     global _fd_mark
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if soft != resource.RLIM_INFINITY and soft >= target:
+    if not fdlimit.raise_soft_limit():
         _fd_mark = sys.maxsize  # nothing to gain: stop asking
         return False
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ValueError, OSError):
-        _fd_mark = sys.maxsize
-        return False
     _set_fd_mark()
-    log.info("raised this process's open-file limit from %d to %d",
-             soft, target)
     return True
 
 

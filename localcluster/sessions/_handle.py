@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from ..errors import NodeFailedError
+from ..errors import NodeFailedError, RunTimeoutError
 from ..runtime import shm
 from . import _protocol as P
 from ._node import EXIT_MEMORY, NodeSpec, node_main
@@ -70,6 +70,7 @@ class NodeHandle:
         self.pid = None
         self.plans = collections.OrderedDict()  # mirror of the node's cache
         self.control_word = None  # shared int64: the run id to cancel
+        self.started_at = None    # monotonic seconds: when it was forked
 
     def __repr__(self):
         return f"NodeHandle({self.name!r}, pid={self.pid}, {self.state.value})"
@@ -160,6 +161,7 @@ class NodeHandle:
             pass  # the child did it first
         handle.process, handle.conn, handle.pid = process, master_conn, \
             process.pid
+        handle.started_at = time.monotonic()
         if sink is not None:
             sink.started(process.pid)
         handle.log = pump.add(log_r, name, sink)
@@ -366,21 +368,31 @@ def wait_events(handles, deadline, kinds=(CONN, SENTINEL)):
     return poller.wait(deadline)
 
 
-def await_ready(handles):
-    """Wait for each new node's READY; kill them all and raise if one does
-    not start (its NodeFailedError says why)."""
-    deadline = time.monotonic() + START_TIMEOUT
+def await_ready(handles, timeout=None):
+    """Wait for each new node's READY, each within `START_TIMEOUT` of its
+    start -- or within ``timeout`` (the run's, in seconds) if that is
+    shorter: a node stopped or starved before it is ready holds a run no
+    longer than the run's own bound.  If one does not start, kill every
+    node still starting and raise: a `RunTimeoutError` naming the late
+    nodes when the run's timeout was the bound, else a `NodeFailedError`
+    (as for a node that died starting, whose error says why)."""
+    bound = START_TIMEOUT if timeout is None else min(START_TIMEOUT, timeout)
     waiting = set(handles)
     problems = []
     while waiting:
-        ready = wait_events(waiting, deadline)
+        first = min(h.started_at for h in waiting)
+        ready = wait_events(waiting, first + bound)
         if not ready:
+            now = time.monotonic()
+            late = [h for h in waiting if now >= h.started_at + bound]
+            if not late:
+                continue
             for handle in waiting:
                 handle.kill()
-            names = sorted(h.name for h in waiting)
-            raise NodeFailedError(
-                f"node(s) {names} did not start within {START_TIMEOUT} s",
-                node=names[0])
+            raise _not_started(sorted(h.name for h in late),
+                               sorted(h.name for h in waiting), bound,
+                               by_run=timeout is not None and
+                               timeout <= START_TIMEOUT)
         for handle, kind in ready:
             if handle not in waiting:
                 continue
@@ -390,6 +402,22 @@ def await_ready(handles):
                 problems.append(problem)
     if problems:
         raise problems[0]
+
+
+def _not_started(late, killed, bound, by_run):
+    """The error of nodes ``late`` that were not ready ``bound`` seconds
+    after they were started (``killed``: the nodes killed for it)."""
+    names = ", ".join(map(repr, late))
+    what = f"node {names}" if len(late) == 1 else f"nodes {names}"
+    what += " did not start"
+    why = ("stopped, or starved of CPU, before ready; killed, it starts "
+           "again on the next run")
+    if not by_run:
+        return NodeFailedError(f"{what} within {bound:g} s ({why})",
+                               node=late[0])
+    return RunTimeoutError(
+        f"{what} within the run's timeout of {bound:g} s ({why})",
+        nodes=late, killed=killed, starting=True)
 
 
 def _ready_problem(handle, kind):

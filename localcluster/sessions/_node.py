@@ -21,11 +21,18 @@ of a request.  A cancellation cannot come through the pipe while the main
 thread is busy, so the master writes the run id to cancel into a shared
 control word and sends SIGUSR1; the handler only wakes the canceller
 thread (a reentrant queue put), which calls ``runtime.cancel(rid)`` -- a
-cancel that arrives before its run starts cancels it as it starts.  The
-process is its own process group, gets SIGKILL if the master's launching
-thread dies (Linux parent-death signal), and the watcher cancels the run
-and the main loop ends on pipe EOF when the master goes away; a clean exit
-is announced with ``("bye", rid)``, so any other exit is a crash.
+cancel that arrives before its run starts cancels it as it starts.
+
+The process leads its own process group, which the processes it starts
+share; whatever notices that the master is gone ends that whole group
+(`end_own_group`), so neither the node nor its children outlive the
+master: the parent-death signal if the master's launching thread dies
+(Linux; its handler runs in the main thread, at once unless native code
+holds the interpreter), the main loop at pipe EOF, or the watcher, which
+on the pipe's hang-up cancels the run and ends the group if the main loop
+has not within `MASTER_GONE_GRACE` (an op deaf to cancellation; no
+parent-death signal under forkserver).  A clean exit is announced with
+``("bye", rid)``, so any other exit is a crash.
 
 A node out of memory outside its ops -- loading a plan, taking a fed
 blob, packing outputs, reading a request, starting -- or past its
@@ -56,7 +63,8 @@ from ..runtime.faults import NodeFaults, die_in_process, mapped_book
 from ..runtime.host import NodeRuntime
 from ..runtime.shm_channel import ShmChannel
 from . import _protocol as P
-from ._plumbing import (Output, apply_node_options, reset_signal_handlers,
+from ._plumbing import (MASTER_GONE_SIGNAL, Output, apply_node_options,
+                        end_own_group, reset_signal_handlers,
                         set_parent_death_signal)
 from ._title import set_title
 
@@ -101,12 +109,13 @@ def _node_main(spec, conn, log_conn):
         os.setpgid(0, 0)
     except OSError:
         pass  # already a group leader (the master set it first)
-    if spec.pdeathsig:  # only when the master is our parent (not forkserver)
-        set_parent_death_signal(signal.SIGKILL)
-        if os.getppid() != spec.master_pid:
-            os._exit(1)  # the master died before we armed the signal
     reset_signal_handlers()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the master's
+    if spec.pdeathsig:  # only when the master is our parent (not forkserver)
+        signal.signal(MASTER_GONE_SIGNAL, _master_gone)
+        set_parent_death_signal(MASTER_GONE_SIGNAL)
+        if os.getppid() != spec.master_pid:
+            os._exit(1)  # the master died before we armed the signal
     if spec.close_inherited is not None:
         # Forked: what the master's heap holds is not this process's to
         # collect -- a collection would write to (and so copy) every page
@@ -123,6 +132,13 @@ def _node_main(spec, conn, log_conn):
     code = server.serve()
     output.drain()
     os._exit(code)
+
+
+def _master_gone(signum, frame):
+    """The parent-death signal: the master is gone, and so is the node --
+    with every process it started (its group), which a SIGKILL of the
+    node alone would leave running, adopted by init."""
+    end_own_group()
 
 
 class _ShmChannels:
@@ -214,7 +230,7 @@ class _NodeServer:
         self.runtime.cancel()
         if not self.finished.wait(MASTER_GONE_GRACE):
             try:
-                os.killpg(0, signal.SIGKILL)
+                end_own_group()
             finally:
                 os._exit(EXIT_ORPHANED)
 
@@ -231,8 +247,10 @@ class _NodeServer:
             try:
                 msg = self.requests.recv()
             except (EOFError, OSError):
-                self.close()  # the master is gone
-                return 0
+                # The master is gone: so is this node, and what it started
+                # (it would live on, adopted by init).
+                self.close()
+                end_own_group()
             except MemoryError:
                 # no room for the request itself: there is no rid to
                 # answer; the exit status tells the master

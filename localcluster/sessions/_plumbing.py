@@ -1,7 +1,10 @@
 """Process plumbing of a node process: what makes a forked process a node.
 
 `_node` (the pipe loop around one `NodeRuntime`) calls these once at
-start-up: the parent-death signal, so no node outlives its master; the
+start-up: the parent-death signal, so no node outlives its master -- nor
+does what the node started: the signal is one the node handles by ending
+its whole process group (`end_own_group`), not SIGKILL, which would end
+the node alone and leave its children to init; the
 redirection of fds 1 and 2 into a pipe the master reads (`Output`), so
 node output reaches the master's terminal tagged with the node's name
 and before the reply of the run that wrote it; and the Node options that
@@ -26,11 +29,18 @@ import psutil
 from ..errors import PlanError
 from ..plan.validate import check_seconds
 
-__all__ = ["set_parent_death_signal", "reset_signal_handlers", "Output",
+__all__ = ["set_parent_death_signal", "MASTER_GONE_SIGNAL", "end_own_group",
+           "reset_signal_handlers", "Output",
            "apply_node_options", "check_cpus", "check_arguments",
            "MASTER_ENDS", "close_master_ends"]
 
 _PR_SET_PDEATHSIG = 1
+
+#: the parent-death signal of a node: handled (`end_own_group`), so the
+#: processes the node started die with it -- a real-time signal nobody
+#: sends a node otherwise (a test's or a user's SIGUSR2 still kills it as
+#: the kernel would)
+MASTER_GONE_SIGNAL = signal.SIGRTMAX
 
 #: The master-side pipe ends of every scheduler of this process (each
 #: node's request and output pipes, the log pump's own): a forked node
@@ -67,6 +77,19 @@ _PRCTL = _prctl()
 def set_parent_death_signal(sig):
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
+def end_own_group():
+    """SIGKILL this process's group -- this process and every process it
+    started, which share its group unless they left it -- when this
+    process leads the group (a node does: it never ends its master's
+    group); else this process alone."""
+    me = os.getpid()
+    try:
+        if os.getpgrp() == me:
+            os.killpg(me, signal.SIGKILL)
+    finally:
+        os.kill(me, signal.SIGKILL)
 
 
 def reset_signal_handlers():

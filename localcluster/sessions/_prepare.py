@@ -121,6 +121,12 @@ class QueueChannels:
             channels[queue] = parts.desc
         return channels
 
+    def missing(self, shared):
+        """How many of the cross-node queues ``shared`` (``{queue id:
+        capacity}``) have no channel yet (each one a run would make)."""
+        return sum(1 for queue, capacity in shared.items()
+                   if capacity not in self._parts.get(queue, ()))
+
     def options_for(self, node, options):
         """The RUN options of ``node``: ``options``, with the prefixes of
         the channels it is to release, if any."""

@@ -7,7 +7,10 @@ many; Ray places the actor, the ids are not pinned), ``memory_limit`` ->
 ``resources`` -> ``num_cpus``/``num_gpus``/``resources``, ``placement``
 (a Ray node id, or ``{label: value}``) -> a hard scheduling strategy.
 `check_placeable` refuses, before any actor starts, a node the cluster
-can never hold.  `connect` initialises Ray for a session.  Plans pickle
+can never hold.  `connect` initialises Ray for a session: a Ray it starts
+itself runs without the dashboard unless asked (``include_dashboard=True``)
+and under a watcher (`_raywatch`) that kills Ray's processes when this
+process goes, however it ends; `shutdown` stops such a Ray.  Plans pickle
 the user's own modules by value, so a job defined in ``__main__`` or a
 test module reaches workers that cannot import it.
 """
@@ -20,16 +23,21 @@ import sysconfig
 import ray
 
 from ..errors import PlanError
+from ._raywatch import RayWatcher
 
-__all__ = ["connect", "actor_options", "options_key", "check_placeable",
-           "dumps_by_value", "unimportable"]
+__all__ = ["connect", "shutdown", "actor_options", "options_key",
+           "check_placeable", "dumps_by_value", "unimportable"]
+
+#: the watcher of the Ray this process started, while it runs
+_watcher = None
 
 
 def connect(address=None, namespace=None, **ray_init_kwargs):
     """Initialise Ray in this process unless it is: connect to
     ``address``, or with None start a local instance sized to this
-    machine.  True if that started a local instance (its starter shuts
-    it down)."""
+    machine -- watched, so that its processes die with this one.  True if
+    that started a local instance (its starter stops it: `shutdown`)."""
+    global _watcher
     if ray.is_initialized():
         return False
     kwargs = {"include_dashboard": False, "log_to_driver": True,
@@ -37,8 +45,32 @@ def connect(address=None, namespace=None, **ray_init_kwargs):
     if address is None:
         kwargs["num_cpus"] = os.cpu_count()
     kwargs.update(ray_init_kwargs)
-    ray.init(address=address, namespace=namespace, **kwargs)
-    return address is None
+    if address is not None:
+        ray.init(address=address, namespace=namespace, **kwargs)
+        return False
+    if _watcher is not None:   # of a Ray shut down by other means
+        _watcher.stop()
+    watcher = RayWatcher().start()   # first: a death during init counts
+    try:
+        with watcher.marking():
+            context = ray.init(namespace=namespace, **kwargs)
+        watcher.tell(context.address_info["session_dir"])
+    except BaseException:
+        ray.shutdown()
+        watcher.stop()
+        raise
+    _watcher = watcher
+    return True
+
+
+def shutdown():
+    """Shut down the Ray this process started (`connect`), and its
+    watcher, which kills whatever process of it is left."""
+    global _watcher
+    ray.shutdown()
+    watcher, _watcher = _watcher, None
+    if watcher is not None:
+        watcher.stop()
 
 
 def dumps_by_value(obj, protocol, by_reference=None):

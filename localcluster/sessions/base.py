@@ -195,7 +195,8 @@ class Session:
                 if not note:
                     raise
                 raise RunTimeoutError(str(exc) + note, nodes=exc.nodes,
-                                      killed=exc.killed) from None
+                                      killed=exc.killed,
+                                      starting=exc.starting) from None
             finally:
                 self._nodes_of_run = ()
                 self.run_conditions = None

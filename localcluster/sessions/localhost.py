@@ -50,6 +50,7 @@ from ..runtime.faults import faults_of_node, shared_book
 from ..task import Cluster
 from . import _protocol as P
 from . import driver
+from ._descriptors import is_emfile, make_room, out_of_descriptors
 from ._handle import (SHUTDOWN_STEP, ControlWords, NodeHandle, NodeState,
                       Poller, await_ready, join_all, read_goodbyes,
                       wait_events)
@@ -142,9 +143,12 @@ class LocalHostScheduler(Session):
         and has not restarted yet is left out)."""
         return {n: h.pid for n, h in self._nodes.items() if h.alive()}
 
-    def _ensure(self, wanted):
-        """Start every node of ``{name: kwargs}`` that is not running."""
-        starting = []
+    def _ensure(self, wanted, timeout=None, queues=0):
+        """Start every node of ``{name: kwargs}`` that is not running, each
+        ready within ``timeout`` seconds (a run's) if one is given; first
+        make sure the descriptors they and ``queues`` new queue channels
+        need can be opened (`_descriptors`)."""
+        missing = {}
         for name, kwargs in wanted.items():
             handle = self._nodes.get(name)
             if handle is not None and handle.alive():
@@ -157,10 +161,19 @@ class LocalHostScheduler(Session):
             if handle is not None and not kwargs:
                 kwargs = handle.kwargs  # a restart keeps the node's options
             check_cpus(name, kwargs)
-            starting.append(self._spawn(name, kwargs))
+            missing[name] = kwargs
+        make_room(len(missing), queues)
+        starting = []
+        try:
+            for name, kwargs in missing.items():
+                starting.append(self._spawn(name, kwargs))
+        except OSError as exc:
+            if not is_emfile(exc):
+                raise
+            raise out_of_descriptors(len(missing), queues) from None
         if starting:
             try:
-                await_ready(starting)
+                await_ready(starting, timeout)
             finally:
                 for handle in starting:
                     if not handle.alive():
@@ -210,9 +223,16 @@ class LocalHostScheduler(Session):
         error = driver.take_unreported(self._unreported, prepared)
         if error is not None:
             raise error
-        handles = self._ensure({p.node: p.node_kwargs for p in plans})
+        queues = self._queues.missing(shared)
+        handles = self._ensure({p.node: p.node_kwargs for p in plans},
+                               timeout, queues)
         rid = next(self._rids)
-        channels = self._queues.for_run(shared, plans, prepared)
+        try:
+            channels = self._queues.for_run(shared, plans, prepared)
+        except OSError as exc:
+            if not is_emfile(exc):
+                raise
+            raise out_of_descriptors(0, queues) from None
         state = driver.start([h.name for h in handles], rid,
                              time.monotonic(), timeout)
         io = ProcessRunIO(self, state, handles)

@@ -18,9 +18,11 @@ The same job that runs under `LocalHostScheduler` runs here unchanged: the
 rules of a run are the run driver's, the node is the shared runtime, and
 plans travel as the bytes `plan.packing` makes (with the user's
 registered ops).  With no ``address`` the session starts a local Ray
-instance sized to this machine and shuts it down on `close()`; with an
-address -- or a Ray already initialised in this process -- it connects
-and leaves the cluster running.
+instance sized to this machine, without the dashboard unless asked, and
+shuts it down on `close()` -- and should this process die first, a
+watcher process kills Ray's processes (`_raywatch`); with an address --
+or a Ray already initialised in this process -- it connects and leaves
+the cluster running.
 
 Never Ray's own actor restarts: an actor restarted by Ray has lost its
 workspace silently.  A dead actor is a `NodeFailedError` naming the node
@@ -62,12 +64,12 @@ from ._prepare import Prepared, must_send
 from ._rayactors import BookActor, NodeActor
 from ._raychannel import ChannelActor
 from ._rayoptions import (actor_options, check_placeable, connect,
-                          dumps_by_value, options_key)
+                          dumps_by_value, options_key, shutdown)
 from ._rayio import RayRunIO
 from ._raypool import ActorPool
 from .base import Session
 
-__all__ = ["RaySession", "ActorPool", "connect"]
+__all__ = ["RaySession", "ActorPool", "connect", "shutdown"]
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +303,7 @@ class RaySession(Session):
         self._nodes.clear()
         self._queue_actors.clear()
         if self._owns_ray:
-            ray.shutdown()
+            shutdown()
 
     def _give_back(self):
         """Hand every live node actor (and the queues' channel actors,

@@ -91,8 +91,8 @@ class Scratch:
             pool, owned = self._ray
             pool.close()
             if owned:
-                import ray
-                ray.shutdown()
+                from ..sessions.ray import shutdown
+                shutdown()
         shutil.rmtree(self.path, ignore_errors=True)
 
     def session(self, kind, **kwargs):

@@ -135,8 +135,7 @@ def warm_ray(**ray_init_kwargs):
     sessions made meanwhile (``RaySession(pool=pool)``); the driver's
     connections to the cluster, which open on its first actor, are made
     here too, so they are not a test's leak."""
-    import ray
-    from ..sessions.ray import ActorPool, RaySession, connect
+    from ..sessions.ray import ActorPool, RaySession, connect, shutdown
     owned = connect(**ray_init_kwargs)
     try:
         with ActorPool() as pool:
@@ -145,7 +144,7 @@ def warm_ray(**ray_init_kwargs):
             yield pool
     finally:
         if owned:
-            ray.shutdown()
+            shutdown()
 
 
 def runs_ray(module, items):

@@ -236,6 +236,31 @@ def test_a_node_out_of_memory_outside_its_ops_is_one_error_saying_so(
     assert_clean(session)
 
 
+def test_a_node_not_ready_within_the_runs_timeout_fails_the_run_at_it(
+        localhost, monkeypatch):
+    from localcluster.sessions import _handle
+    real = _handle.node_main
+
+    def stopped(spec, conn, log_conn):   # a node stopped before it is ready
+        if spec.name == "victim":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        real(spec, conn, log_conn)
+
+    monkeypatch.setattr(_handle, "node_main", stopped)   # forked: inherited
+    session = localhost()
+    started = time.monotonic()
+    with pytest.raises(RunTimeoutError, match="'victim' did not start within"
+                       " the run's timeout of 1 s") as caught:
+        session.run(small_group(), timeout=1)
+    assert time.monotonic() - started < 10   # not the 30 s of no timeout
+    assert caught.value.starting and caught.value.nodes == ("victim",)
+    assert "victim" not in session.node_pids()   # killed, not left stopped
+    monkeypatch.setattr(_handle, "node_main", real)
+    session.run(small_group(), timeout=30)   # it starts again
+    assert session.fetch_blob("three", "victim") == 3.0
+    assert_clean(session)
+
+
 def test_a_dead_node_restarts_empty_and_the_others_keep_their_blobs(localhost):
     session = localhost()
     session.feed_blob("kept", np.arange(3), node="victim")

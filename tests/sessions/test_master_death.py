@@ -35,6 +35,12 @@ BUSY_MASTER = textwrap.dedent("""
         main()
 """)
 
+#: BUSY_MASTER whose nodes each wait in a process of their own
+#: (pickled by reference: ``subprocess.call`` reaches every start method)
+CHILD_MASTER = BUSY_MASTER.replace(
+    "functools.partial(time.sleep, 3600)",
+    "functools.partial(__import__('subprocess').call, ['sleep', '3600'])")
+
 def running(proc):
     """Not gone, and not a zombie waiting for whoever adopted it."""
     try:
@@ -77,3 +83,46 @@ def test_busy_nodes_die_within_a_second_of_a_killed_master(start_method,
         if master.poll() is None:
             master.kill()
             master.wait(10)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("start_method,in_thread", CASES,
+                         ids=[f"{m}-{'thread' if t else 'main'}"
+                              for m, t in CASES])
+def test_what_a_node_started_dies_with_a_killed_master(start_method,
+                                                       in_thread):
+    """A node's children share its process group: the node ends the group
+    when its master dies, so none of them lives on, adopted by init."""
+    script = CHILD_MASTER.format(start_method=start_method,
+                                 in_thread=in_thread)
+    master = subprocess.Popen([sys.executable, "-c", script],
+                              stdout=subprocess.PIPE, text=True)
+    children = []
+    try:
+        prefix, *pids = master.stdout.readline().split()
+        nodes = [psutil.Process(int(p)) for p in pids]
+        deadline = time.monotonic() + 30
+        while len(children) < len(nodes) and time.monotonic() < deadline:
+            time.sleep(0.05)   # each node starts its sleep
+            children = [c for n in nodes for c in n.children()]
+        assert len(children) == len(nodes), "the nodes started no child"
+        master.kill()
+        master.wait(10)
+        gone = time.monotonic()
+        alive = nodes + children
+        while alive and time.monotonic() - gone < 10:
+            alive = [p for p in alive if running(p)]
+            time.sleep(0.01)
+        took = time.monotonic() - gone
+        assert not alive, f"outlived their master: {alive}"
+        assert took < 2, f"they took {took:.2f} s to die"
+        LocalHostScheduler().close()  # sweeps the dead master's segments
+        assert not shm.segments(prefix)
+    finally:
+        if master.poll() is None:
+            master.kill()
+            master.wait(10)
+        master.stdout.close()
+        for child in children:
+            if running(child):
+                child.kill()

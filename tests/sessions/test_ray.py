@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -510,3 +511,64 @@ def test_the_command_line_trains_the_example_to_the_localhost_loss():
     for usage in on_ray["node_usage"].values():
         assert usage["peak_rss_bytes"] > 10 << 20
         assert usage["cpu_seconds"] > 0
+
+
+RAY_DRIVER = textwrap.dedent("""
+    import time
+    import psutil
+    from localcluster import Node, Task, TaskGroup, ops
+    from localcluster.sessions.ray import RaySession
+
+    session = RaySession(num_cpus=1, log_echo=False)   # starts its own Ray
+    with TaskGroup() as group:
+        with Node("a"), Task():
+            ops.Sleep([], seconds=0.01)
+    session.run(group)
+    print(*[p.pid for p in psutil.Process().children(recursive=True)],
+          flush=True)
+    time.sleep(3600)
+""")
+
+
+def _running(proc):
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.timeout(240)
+def test_a_ray_the_session_started_dies_with_its_killed_driver(tmp_path):
+    """Ray ties its head processes to their driver, not its raylet's
+    agents and workers: the session's watcher kills them all."""
+    with open(tmp_path / "stderr", "w") as err:
+        driver = subprocess.Popen([sys.executable, "-c", RAY_DRIVER],
+                                  stdout=subprocess.PIPE, stderr=err,
+                                  text=True, cwd=tmp_path)
+    procs = []
+    try:
+        for pid in driver.stdout.readline().split():
+            try:
+                procs.append(psutil.Process(int(pid)))
+            except psutil.NoSuchProcess:
+                pass
+        names = " ".join(p.name() for p in procs)
+        assert "raylet" in names, (tmp_path / "stderr").read_text()[-3000:]
+        driver.kill()
+        driver.wait(10)
+        gone = time.monotonic()
+        left = procs
+        while left and time.monotonic() - gone < 10:
+            left = [p for p in left if _running(p)]
+            time.sleep(0.02)
+        took = time.monotonic() - gone
+        assert not left, f"Ray's processes outlived their driver: {left}"
+        assert took < 2, f"Ray's processes took {took:.2f} s to die"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(10)
+        driver.stdout.close()
+        for proc in procs:
+            if _running(proc):
+                proc.kill()

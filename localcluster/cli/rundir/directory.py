@@ -7,7 +7,7 @@ its checkpoints were made with) and the runs' history (``metrics.jsonl``,
 
 - `DirLock`: a run holds an exclusive ``flock`` on
   ``localcluster-run.lock`` for its whole life (the kernel drops it when
-  the run's processes are gone, however they end); a second run into the
+  the run's master is gone, however it ends); a second run into the
   directory is refused while the first lives.
 - `check_fresh`: a run without ``--resume`` refuses a directory that holds
   another run's checkpoints -- unless ``--overwrite``, which removes them
@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import stat
+import weakref
 
 from ..jobspec import DEFAULT_JOB, JOB_OPTIONS, RunFailure, UsageError
 from .metrics import METRICS_FILE
@@ -82,8 +83,17 @@ def make_dir(directory, resume):
 
 class DirLock:
     """An exclusive ``flock`` on the directory's lock file for a run's
-    life.  Node processes forked by the run share the lock's open file, so
-    the directory stays locked until the last of them is gone."""
+    life, held by the master alone.
+
+    A ``flock`` belongs to the open file, which a fork shares: a node
+    forked from the master -- or a process a node forks -- would hold the
+    directory locked for as long as it lives, and one that outlived a
+    killed master would have ``--resume`` refused "in use by" a pid that
+    is gone.  So a forked child closes its copy at once (an at-fork hook;
+    the descriptor is also close-on-exec, for the programs it runs): the
+    lock goes with the master.  The master's nodes go with it too, within
+    a moment, and a node writing a checkpoint then leaves a partial file
+    that the next run removes (`sweep_leftovers`)."""
 
     def __init__(self, directory):
         self.path = os.path.join(directory, LOCK_FILE)
@@ -92,6 +102,16 @@ class DirLock:
         #: whether the lock file was made by this acquire (else a run
         #: that was killed left it)
         self.created = False
+
+    def _forget(self):
+        """In a forked child: close this process's copy of the lock's
+        descriptor (the lock stays the parent's)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def acquire(self):
         self.created = not os.path.lexists(self.path)
@@ -121,6 +141,7 @@ class DirLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
+        _HELD.add(self)
         return self
 
     def release(self, remove=True):
@@ -133,8 +154,22 @@ class DirLock:
                 os.unlink(self.path)
         except OSError:
             pass
+        _HELD.discard(self)
         os.close(self._fd)
         self._fd = None
+
+
+#: the locks this process holds, which a forked child lets go of
+_HELD = weakref.WeakSet()
+
+
+def _forget_held_locks():
+    for lock in list(_HELD):
+        lock._forget()
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_held_locks)
 
 
 def _same_file(fd, path):

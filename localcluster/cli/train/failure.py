@@ -54,6 +54,13 @@ def describe(exc, max_restarts, timeout, debug):
         logs = [f"  [{exc.node}] {line}" for line in exc.last_log_lines]
         return Failure(text + _restarts(max_restarts, "restarts a dead "
                                         "node"), logs)
+    if isinstance(exc, RunTimeoutError) and timeout is not None and \
+            exc.starting:
+        late = ", ".join(map(repr, exc.nodes))
+        return Failure(
+            f"node(s) {late} did not start within --timeout {timeout:g} s "
+            "(stopped, or starved of CPU, before ready) and were killed" +
+            _restarts(max_restarts, "restarts them"))
     if isinstance(exc, RunTimeoutError) and timeout is not None:
         late = ", ".join(map(repr, exc.nodes)) or "(none named)"
         killed = (f"; {', '.join(map(repr, exc.killed))} did not stop when "
