@@ -51,6 +51,7 @@ from ..task import Cluster
 from . import _protocol as P
 from . import driver
 from ._descriptors import is_emfile, make_room, out_of_descriptors
+from ._groupwatch import GroupWatcher
 from ._handle import (SHUTDOWN_STEP, ControlWords, NodeHandle, NodeState,
                       Poller, await_ready, join_all, read_goodbyes,
                       wait_events)
@@ -109,6 +110,9 @@ class LocalHostScheduler(Session):
         self._queues = QueueChannels(self._prefix)
         self._poller = Poller()
         self._controls = ControlWords(f"{self._prefix}ctl")
+        #: kills the node groups if this process dies (started with the
+        #: first node)
+        self._watcher = GroupWatcher(self._prefix)
         shm.sweep_stale()
         if self.faults is not None:
             self._fault_book, self._fault_times = shared_book(
@@ -190,6 +194,7 @@ class LocalHostScheduler(Session):
                                   self._pump, self._controls, faults, sink)
         self._nodes[name] = handle
         self._poller.add(handle)
+        self._watcher.add(handle.pid)
         return handle
 
     def _forget(self, handle):
@@ -197,6 +202,8 @@ class LocalHostScheduler(Session):
         process object closed."""
         self._poller.remove(handle)
         self._reader.forget(handle.name)
+        if handle.pid is not None:
+            self._watcher.remove(handle.pid)
         handle.release()
 
     def _death(self, handle, during):
@@ -372,6 +379,7 @@ class LocalHostScheduler(Session):
             self._fault_times = None
             self._pump.stop()
             self._logs.close()
+            self._watcher.close()
             shm.sweep(self._prefix)
             _live.discard(self)
             log.debug("LocalHostScheduler %s closed", self._prefix)

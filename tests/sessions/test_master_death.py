@@ -126,3 +126,66 @@ def test_what_a_node_started_dies_with_a_killed_master(start_method,
         for child in children:
             if running(child):
                 child.kill()
+
+
+GIL_MASTER = textwrap.dedent("""
+    import subprocess
+    from localcluster import (LocalHostScheduler, Node, Task, TaskGroup,
+                              ops)
+
+    def spin(*args):
+        subprocess.Popen(["sleep", "3600"])
+        # native code that holds the interpreter for minutes: nothing of
+        # Python runs in this node until it returns
+        sum(range(10 ** 12))
+
+    session = LocalHostScheduler(nodes=["a", "b"])
+    with TaskGroup() as tg:
+        for n in ("a", "b"):
+            with Node(n), Task():
+                ops.Python(spin)([], [])
+    print(session.shm_prefix, *session.node_pids().values(), flush=True)
+    session.run(tg)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_nodes_in_native_code_and_their_children_die_with_a_killed_master():
+    """A node inside a long native call runs no Python -- neither its
+    parent-death handler nor its watcher thread -- until the call returns:
+    the scheduler's watcher process kills its group from outside, and
+    removes the master's segments, at once."""
+    master = subprocess.Popen([sys.executable, "-c", GIL_MASTER],
+                              stdout=subprocess.PIPE, text=True)
+    children = []
+    try:
+        prefix, *pids = master.stdout.readline().split()
+        nodes = [psutil.Process(int(p)) for p in pids]
+        deadline = time.monotonic() + 30
+        while len(children) < len(nodes) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            children = [c for n in nodes for c in n.children()]
+        assert len(children) == len(nodes), "the nodes started no child"
+        time.sleep(0.3)    # both spin in sum()
+        master.kill()
+        master.wait(10)
+        gone = time.monotonic()
+        alive = nodes + children
+        while alive and time.monotonic() - gone < 10:
+            alive = [p for p in alive if running(p)]
+            time.sleep(0.01)
+        took = time.monotonic() - gone
+        assert not alive, f"outlived their master: {alive}"
+        assert took < 2, f"they took {took:.2f} s to die"
+        while shm.segments(prefix) and time.monotonic() - gone < 5:
+            time.sleep(0.01)
+        assert not shm.segments(prefix)   # swept by the watcher
+    finally:
+        if master.poll() is None:
+            master.kill()
+            master.wait(10)
+        master.stdout.close()
+        for proc in children + [psutil.Process(int(p)) for p in pids
+                                if psutil.pid_exists(int(p))]:
+            if running(proc):
+                proc.kill()
