@@ -366,6 +366,7 @@ class JobRunner:
             self._run(session, cm.save(epoch, final=final))
         except TaskFailedError as exc:
             cm.remove_partials(epoch)
+            cm.check_directory(epoch)   # moved under the run: say that
             return self._not_saved(epoch, f"node {exc.node!r}: {exc.reason}",
                                    exc)
         except BaseException:

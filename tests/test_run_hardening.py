@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import pytest
 
@@ -907,15 +908,51 @@ def test_a_checkpoint_directory_moved_mid_run_stops_the_run(tmp_path):
             proc.kill()
             proc.wait()
     assert proc.returncode == 1, err
-    errors = [l for l in err.splitlines() if l.startswith("error:")]
-    assert len(errors) == 1, err
-    assert f"now at {new}" in errors[0], err
-    if "was replaced" in errors[0]:
-        # renamed while a save was under way (a slow test process): that
-        # save made the old path again; the next one stopped the run
-        return
-    assert "was removed" in errors[0], err
+    # one line, even when renamed while a save was under way: that save
+    # fails (it does not make the old path again) and says the move
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), err
+    assert f"now at {new}" in lines[0], err
+    assert "was removed" in lines[0], err
     assert not old.exists(), sorted(os.listdir(old))
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoint_directory_moved_during_a_save_is_one_line(tmp_path):
+    """Renamed while the nodes write a checkpoint: the save that fails is
+    the move, said once -- not a warning that epoch N was not written and
+    then the move, and never the old path made again by that save."""
+    from localcluster import (Job, JobRunner, LocalSession, Node, Task,
+                              TaskGroup, WorkspaceType, epoch_limiter, ops)
+    from localcluster.cli.resume import RunManager
+    from localcluster.errors import CheckpointError
+    old, new = tmp_path / "ckpt", tmp_path / "moved"
+    with TaskGroup(WorkspaceType.GLOBAL) as init:
+        with Node("a"), Task():
+            ops.ConstantFill([], ["w"], shape=[4], value=1.0)
+    with TaskGroup(WorkspaceType.GLOBAL) as epoch:
+        with Node("a"), Task():
+            ops.Add(["w", "w"], ["w"])
+    with Job(init_group=init, epoch_group=epoch) as job:
+        epoch_limiter(job, 3)
+    old.mkdir()
+    manager = RunManager(str(old))
+    real = manager.save
+
+    def save(epoch, final=False):
+        group = real(epoch, final=final)
+        if epoch == 2:       # the nodes' save of epoch 2 finds it moved
+            os.rename(old, new)
+        return group
+    manager.save = save
+    with LocalSession() as session, warnings.catch_warnings(record=True) \
+            as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(CheckpointError, match="was removed while the "
+                           "run went on"):
+            JobRunner(job, manager).train(session)
+    assert not [w for w in caught if "was not written" in str(w.message)]
+    assert not old.exists()
 
 
 def test_a_refused_resume_epoch_is_never_the_one_suggested(tmp_path):

@@ -45,6 +45,7 @@ in whichever process runs them.
 """
 
 import contextlib
+import errno
 import json
 import os
 import zipfile
@@ -76,14 +77,21 @@ def checkpointable(name, value):
             and name != BLOB_NAMES)
 
 
-def write_checkpoint(path, blobs, meta=None, reuse=None):
+def write_checkpoint(path, blobs, meta=None, reuse=None, create=True):
     """Write ``{name: array}`` to ``path`` atomically (see the module
     docstring); returns the manifest.  Nothing is left at ``path`` or
     beside it if writing fails.  ``reuse``: ``{name: reuse.Source}``,
     where an earlier checkpoint of this node (``meta["node"]``) saved
     each blob: a blob whose bytes are still exactly those is referred to
-    there, not written again."""
-    make_private_dirs(os.path.dirname(path) or ".")
+    there, not written again.  ``create``: make the directory if it is
+    missing (else a missing one is FileNotFoundError)."""
+    directory = os.path.dirname(path) or "."
+    if create:
+        make_private_dirs(directory)
+    elif not os.path.isdir(directory):
+        raise FileNotFoundError(
+            errno.ENOENT, "the checkpoint directory is gone (moved or "
+            "removed after an earlier save)", directory)
     remove_partials(path, dead_only=True)
     meta = dict(meta or {})
     file_id = os.urandom(8).hex()

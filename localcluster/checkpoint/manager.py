@@ -88,6 +88,7 @@ class _Manager:
             raise PlanError(f"db_prefix must be a directory path, got "
                             f"{db_prefix!r}")
         self._db_prefix = os.fspath(db_prefix)
+        self._dir_made = False   # a save of this manager made the directory
         self._db_type = db_type
         self._metadata_handler = metadata_handler
         self._nodes = None
@@ -148,13 +149,17 @@ class _Manager:
         that training stopped after this epoch, so a run resumed from it
         runs no more epochs."""
         job_nodes = tuple(self._checkpointed())
+        # once a save made the directory, a later one does not make it
+        # again: moved or removed under the run, it fails (the run says
+        # so) instead of splitting the epochs over two directories
+        create = not self._dir_made
 
         def net(node):
             n = Net("checkpoint_save")
             n.SaveCheckpoint([BLOB_NAMES], [],
                              path=self.get_ckpt_db_name(node, epoch),
                              epoch=int(epoch), final=bool(final),
-                             job_nodes=job_nodes)
+                             job_nodes=job_nodes, create_dir=create)
             return n
         return self._group(net)
 
@@ -186,10 +191,17 @@ class _Manager:
     def report_saved(self, epoch):
         """Tell the metadata handler that ``epoch`` was saved (the runner
         calls this after every successful save)."""
+        self._dir_made = True
         if self._metadata_handler is not None:
             self._metadata_handler.save(
                 db_prefix=self._db_prefix, db_type=self._db_type,
                 node_names=list(self._checkpointed()), epoch=epoch)
+
+    def check_directory(self, epoch):
+        """Raise `CheckpointError` when the directory itself is why a save
+        of ``epoch`` failed -- moved or removed under the run -- so that
+        is what the run says, not a failed write; nothing here (a manager
+        that watches its directory says it)."""
 
     def remove_partials(self, epoch):
         """Remove what writers of ``epoch`` killed mid-write left behind."""

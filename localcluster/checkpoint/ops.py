@@ -67,10 +67,13 @@ def checkpoint_blob_names(ctx, path="", epoch=-1):
 
 @register_op("SaveCheckpoint", num_outputs=0, context=True)
 def save_checkpoint(ctx, names, path="", epoch=0, final=False,
-                    job_nodes=()):
+                    job_nodes=(), create_dir=True):
     """Write the blobs listed in ``names`` to ``path`` (see the module);
     ``final`` marks the epoch training stopped after, ``job_nodes`` are
-    every node checkpointing it (so a reader knows who else must have)."""
+    every node checkpointing it (so a reader knows who else must have);
+    ``create_dir`` False: the directory was made by an earlier save, and
+    one that is gone now (moved or removed under the run) is an error,
+    not made again at the old path."""
     ws = _workspace(ctx)
     blobs = {}
     for name in names.tolist():
@@ -86,7 +89,7 @@ def save_checkpoint(ctx, names, path="", epoch=0, final=False,
         path, blobs, {"node": ctx.node, "epoch": int(epoch),
                       "final": bool(final),
                       "job_nodes": [str(n) for n in job_nodes]},
-        reuse=saved.candidates(path))
+        reuse=saved.candidates(path), create=create_dir)
     saved.record(path, manifest)
 
 

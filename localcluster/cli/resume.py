@@ -41,6 +41,13 @@ class RunManager(MultiNodeCheckpointManager):
         self._identity = _identity(db_prefix)
 
     def save(self, epoch, final=False):
+        self.check_directory(epoch)
+        return super().save(epoch, final=final)
+
+    def check_directory(self, epoch):
+        """The run's error if its directory is not the one it started in:
+        before a save, and when a save failed (moved while it wrote: that
+        is one line, the move, not a failed write and then the move)."""
         now = _identity(self.db_prefix)
         if self._identity is not None and now != self._identity:
             raise CheckpointError(
@@ -49,7 +56,6 @@ class RunManager(MultiNodeCheckpointManager):
                 f"went on{_moved_to(self._identity)}; the run stops rather "
                 f"than write epoch {epoch} somewhere else -- resume where "
                 "the checkpoints are now (--checkpoint-dir DIR --resume)")
-        return super().save(epoch, final=final)
 
 
 def _identity(directory):
