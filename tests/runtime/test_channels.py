@@ -496,10 +496,9 @@ def _slow_producer(desc, n):
     channel.writer_ended()
 
 
-def _read_threes(desc, out):
-    channel = ShmChannel(desc)
-    watchdog = threading.Timer(20, channel.abort)
-    watchdog.start()
+def _read_threes(channel, out):
+    """Read 3 records at a time until the queue is finished; put how many
+    were read (or "hung": the watchdog ended a wait) in ``out``."""
     got = 0
     try:
         while True:
@@ -510,9 +509,21 @@ def _read_threes(desc, out):
             done()
     except Cancelled:
         got = "hung"
-    finally:
-        watchdog.cancel()
     out.put(got)
+
+
+def _readers(desc, out, threads):
+    """``threads`` reader threads of 3 records on one end of ``desc``."""
+    channel = ShmChannel(desc)
+    watchdog = threading.Timer(20, channel.abort)
+    watchdog.start()
+    running = [threading.Thread(target=_read_threes, args=(channel, out))
+               for _ in range(threads)]
+    for t in running:
+        t.start()
+    for t in running:
+        t.join()
+    watchdog.cancel()
 
 
 @pytest.mark.parametrize("readers_in", ["processes", "threads"])
@@ -529,13 +540,13 @@ def test_reads_of_several_records_never_hold_every_slot(readers_in):
         parts.reset(writers=1)
         out = FORK.Queue()
         producer = FORK.Process(target=_slow_producer, args=(parts.desc, n))
-        if shared:
-            readers = [FORK.Process(target=_read_threes,
-                                    args=(parts.desc, out))
+        if shared:   # two reader processes
+            readers = [FORK.Process(target=_readers,
+                                    args=(parts.desc, out, 1))
                        for _ in range(2)]
-        else:
-            readers = [FORK.Process(target=_two_reader_threads,
-                                    args=(parts.desc, out))]
+        else:        # two reader threads of one process
+            readers = [FORK.Process(target=_readers,
+                                    args=(parts.desc, out, 2))]
         for p in [producer] + readers:
             p.start()
         got = [out.get(timeout=60) for _ in range(2)]
@@ -544,29 +555,3 @@ def test_reads_of_several_records_never_hold_every_slot(readers_in):
         assert "hung" not in got and sum(got) == n, got
     finally:
         parts.close()
-
-
-def _two_reader_threads(desc, out):
-    channel = ShmChannel(desc)
-    watchdog = threading.Timer(20, channel.abort)
-    watchdog.start()
-
-    def read():
-        got = 0
-        try:
-            while True:
-                records, finished, done = channel.get(3)
-                if finished:
-                    break
-                got += len(records)
-                done()
-        except Cancelled:
-            got = "hung"
-        out.put(got)
-
-    threads = [threading.Thread(target=read) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    watchdog.cancel()

@@ -49,6 +49,29 @@ def running(proc):
         return False
 
 
+def kill_and_wait(master, procs, bound=10):
+    """SIGKILL ``master``; ``(seconds until none of procs ran, those still
+    running after ``bound`` seconds)``."""
+    master.kill()
+    master.wait(10)
+    start = time.monotonic()
+    alive = list(procs)
+    while alive and time.monotonic() - start < bound:
+        alive = [p for p in alive if running(p)]
+        time.sleep(0.01)
+    return time.monotonic() - start, alive
+
+
+def node_children(nodes, seconds=30):
+    """The processes ``nodes`` started, once each started one."""
+    children, deadline = [], time.monotonic() + seconds
+    while len(children) < len(nodes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        children = [c for n in nodes for c in n.children()]
+    assert len(children) == len(nodes), "the nodes started no child"
+    return children
+
+
 CASES = [(method, in_thread) for method in ("fork", "forkserver", "spawn")
          for in_thread in (False, True)]
 
@@ -67,14 +90,7 @@ def test_busy_nodes_die_within_a_second_of_a_killed_master(start_method,
         prefix, *pids = master.stdout.readline().split()
         nodes = [psutil.Process(int(p)) for p in pids]
         time.sleep(0.5)  # the run has started: both nodes sleep in the op
-        master.kill()
-        master.wait(10)
-        start = time.monotonic()
-        alive = nodes
-        while alive and time.monotonic() - start < 10:
-            alive = [p for p in alive if running(p)]
-            time.sleep(0.01)
-        took = time.monotonic() - start
+        took, alive = kill_and_wait(master, nodes)
         assert not alive, f"node processes outlived their master: {alive}"
         assert took < 1.5, f"the nodes took {took:.2f} s to die"
         LocalHostScheduler().close()  # sweeps the dead master's segments
@@ -101,19 +117,8 @@ def test_what_a_node_started_dies_with_a_killed_master(start_method,
     try:
         prefix, *pids = master.stdout.readline().split()
         nodes = [psutil.Process(int(p)) for p in pids]
-        deadline = time.monotonic() + 30
-        while len(children) < len(nodes) and time.monotonic() < deadline:
-            time.sleep(0.05)   # each node starts its sleep
-            children = [c for n in nodes for c in n.children()]
-        assert len(children) == len(nodes), "the nodes started no child"
-        master.kill()
-        master.wait(10)
-        gone = time.monotonic()
-        alive = nodes + children
-        while alive and time.monotonic() - gone < 10:
-            alive = [p for p in alive if running(p)]
-            time.sleep(0.01)
-        took = time.monotonic() - gone
+        children = node_children(nodes)   # each node starts its sleep
+        took, alive = kill_and_wait(master, nodes + children)
         assert not alive, f"outlived their master: {alive}"
         assert took < 2, f"they took {took:.2f} s to die"
         LocalHostScheduler().close()  # sweeps the dead master's segments
@@ -161,22 +166,12 @@ def test_nodes_in_native_code_and_their_children_die_with_a_killed_master():
     try:
         prefix, *pids = master.stdout.readline().split()
         nodes = [psutil.Process(int(p)) for p in pids]
-        deadline = time.monotonic() + 30
-        while len(children) < len(nodes) and time.monotonic() < deadline:
-            time.sleep(0.05)
-            children = [c for n in nodes for c in n.children()]
-        assert len(children) == len(nodes), "the nodes started no child"
+        children = node_children(nodes)
         time.sleep(0.3)    # both spin in sum()
-        master.kill()
-        master.wait(10)
-        gone = time.monotonic()
-        alive = nodes + children
-        while alive and time.monotonic() - gone < 10:
-            alive = [p for p in alive if running(p)]
-            time.sleep(0.01)
-        took = time.monotonic() - gone
+        took, alive = kill_and_wait(master, nodes + children)
         assert not alive, f"outlived their master: {alive}"
         assert took < 2, f"they took {took:.2f} s to die"
+        gone = time.monotonic()
         while shm.segments(prefix) and time.monotonic() - gone < 5:
             time.sleep(0.01)
         assert not shm.segments(prefix)   # swept by the watcher
