@@ -192,6 +192,12 @@ class TrainResult:
         self.checkpoint_errors = []  # (epoch, message) of unwritten ones
         self.restarts = []           # (epoch resumed from, error message)
         self.resumed_from = None
+        #: the EpochReport of the epoch whose group ran and whose
+        #: ``on_epoch`` has not returned yet (None: there is none) -- while
+        #: its checkpoint is written its ``checkpoint_seconds`` is None.  A
+        #: caller stopped in that window (a Ctrl-C) reads the epoch here:
+        #: its checkpoint may be complete, and then so should its record be.
+        self.unreported = None
 
     def __repr__(self):
         return (f"TrainResult(last_epoch={self.last_epoch}, "
@@ -279,6 +285,8 @@ class JobRunner:
                 if len(result.restarts) >= self.max_restarts:
                     raise
                 resume = self._saved
+                # the epoch a node died in is run again, reported then
+                result.unreported = None
                 result.restarts.append((resume, str(exc)))
                 log.warning(
                     "%s; restart %d of %d from %s", _what_failed(exc),
@@ -341,11 +349,12 @@ class JobRunner:
             trace = dict(session.last_run_trace) if session.trace_steps \
                 else None
             stop = any(_truthy(o.fetch()) for o in self.job.stop_conditions)
+            report = EpochReport(epoch, seconds, node_seconds, None, stop,
+                                 None, started, trace, simulated)
+            self.result.unreported = report
             start = time.monotonic()
-            error = self._save(session, epoch, final=stop)
-            report = EpochReport(epoch, seconds, node_seconds,
-                                 time.monotonic() - start, stop, error,
-                                 started, trace, simulated)
+            report.checkpoint_error = self._save(session, epoch, final=stop)
+            report.checkpoint_seconds = time.monotonic() - start
             self.result.epochs.append(report)
             log.info("epoch %d done in %.3f s (%s)%s", epoch, seconds,
                      ", ".join(f"{n} {s:.3f} s" for n, s in
@@ -353,6 +362,7 @@ class JobRunner:
                      "; stopping" if stop else "")
             if self.on_epoch is not None:
                 self.on_epoch(report)
+            self.result.unreported = None
             if stop:
                 return epoch
 

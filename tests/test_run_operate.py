@@ -501,3 +501,57 @@ def test_an_unwritten_checkpoint_is_one_line_and_the_done_line_says_what_resumes
     assert "CheckpointWarning" not in done.stderr
     last = [l for l in done.stdout.splitlines() if l.startswith("done:")][0]
     assert last.endswith("; the last complete checkpoint is epoch 2"), last
+
+
+# -- history and checkpoints agree -------------------------------------------------
+
+def _sigint_after_save(monkeypatch, epoch):
+    """A Ctrl-C that lands the moment ``epoch``'s checkpoint is complete,
+    before the runner hands the epoch on."""
+    from localcluster.job import JobRunner
+    save = JobRunner._save
+
+    def saved_then_interrupted(self, session, at, final=False):
+        error = save(self, session, at, final=final)
+        if at == epoch:
+            signal.raise_signal(signal.SIGINT)
+        return error
+    monkeypatch.setattr(JobRunner, "_save", saved_then_interrupted)
+
+
+def _sigint_while_the_line_is_made(monkeypatch, epoch):
+    """A Ctrl-C that lands while ``epoch``'s line is being made (its nodes
+    sampled), after its checkpoint is complete."""
+    from localcluster.cli.train.progress import Usage
+    sample, calls = Usage.sample, []
+
+    def sampled_then_interrupted(self):
+        calls.append(1)
+        out = sample(self)
+        if len(calls) == epoch + 1:  # one sample before the first epoch
+            signal.raise_signal(signal.SIGINT)
+        return out
+    monkeypatch.setattr(Usage, "sample", sampled_then_interrupted)
+
+
+@pytest.mark.parametrize("when", [_sigint_after_save,
+                                  _sigint_while_the_line_is_made])
+def test_a_ctrl_c_never_keeps_a_checkpoint_without_its_line_and_history(
+        tmp_path, monkeypatch, capsys, when):
+    """Whenever a Ctrl-C lands after an epoch's checkpoint is complete, the
+    epoch has its progress line and its record in metrics.jsonl: the
+    interrupted line names the last epoch shown, the report has no gap."""
+    from localcluster.cli.run import main
+    when(monkeypatch, 2)
+    code = main(["--session", "local", "--epochs", "4", "--checkpoint-dir",
+                 str(tmp_path)])
+    monkeypatch.undo()
+    out = capsys.readouterr().out
+    assert code == 130, out
+    assert [line.split()[1] for line in epoch_lines(out)] == ["1/4", "2/4"]
+    assert "the last complete checkpoint is epoch 2" in out
+    records = read_metrics(tmp_path / METRICS_FILE)
+    assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [1, 2]
+    assert records[-1]["kind"] == "end" and \
+        records[-1]["status"] == "interrupted"
+    assert records[-1]["last_epoch"] == 2

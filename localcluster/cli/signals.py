@@ -13,6 +13,10 @@ has two modes:
   only noted -- a second Ctrl-C must not cut short the cleanup the first
   started, nor end the process by the signal (exit -2 instead of 130).
 
+A block that must finish once begun -- an epoch's line and its record in
+``metrics.jsonl``, written after its checkpoint is complete -- runs
+`deferred`: a signal there is noted, and raised when the block ends.
+
 Where the handler's exception cannot propagate -- it ran inside a weakref
 callback or a finalizer, and CPython hands the exception to
 `sys.unraisablehook` -- the hook installed here takes it back silently
@@ -27,6 +31,7 @@ The exit status of a stop is 128 + the first signal's number: 130 for
 Ctrl-C, 143 for SIGTERM, 129 for SIGHUP.
 """
 
+import contextlib
 import signal
 import sys
 import threading
@@ -84,6 +89,18 @@ class StopSignals:
         """
         self.armed = True
         self.check()
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """A block no stop signal cuts short: a signal in it is noted, and
+        raised as the block ends (if the signals were armed before it)."""
+        armed, self.armed = self.armed, False
+        try:
+            yield
+        finally:
+            self.armed = armed and not self.delivered
+        if self.armed:
+            self.check()
 
     def stopping(self):
         """The command line caught the interrupt and cleans up: back to

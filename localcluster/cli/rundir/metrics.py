@@ -21,7 +21,13 @@ Every line has ``"kind"``, ``"run"`` (the id of the run that wrote it:
      "options": {"nodes": 1, "epochs": 5, "seed": null, ...},
      "conditions": ["Slowdown('trainer_1', 4.0)"]}
 
-``epoch`` -- an epoch and its checkpoint are done::
+``epoch`` -- an epoch and its checkpoint are done (written as soon as the
+checkpoint is complete; a stop signal waits for the line, and one that
+came while the checkpoint was written -- which then completed -- has the
+epoch written before the ``end`` line, with ``checkpoint_seconds`` and
+``records_per_s`` null and no ``processes``: so a Ctrl-C never leaves a
+complete checkpoint without its epoch line, only a SIGKILL of the master
+in that instant can)::
 
     {"kind": "epoch", "run": ..., "time": ..., "epoch": 3, "of": 5,
      "elapsed": 1.9,               # seconds since the run started

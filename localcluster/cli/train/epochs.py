@@ -160,17 +160,16 @@ class EpochWatch:
     """The runner's ``on_epoch``: fetches the metrics, samples the nodes,
     prints the epoch's line (and, ``verbose``, a line per node), appends
     the epoch to ``metrics.jsonl`` (``metrics_log``) and records it for the
-    summary and the trace.  ``check()`` runs first (the command line's
-    `StopSignals.check`: a signal that came during the epoch stops the run
-    here at the latest).  ``restarts()`` lists the runner's restarts so
-    far; ``of``: the epoch the run trains to, if known.
+    summary and the trace.  ``restarts()`` lists the runner's restarts so
+    far; ``of``: the epoch the run trains to, if known.  ``epoch`` is the
+    last epoch shown and recorded.
     """
 
     def __init__(self, nodes, metrics, records, usage, progress, summary,
-                 resume, check=None, of=None, verbose=False, session=None,
+                 resume, of=None, verbose=False, session=None,
                  metrics_log=None, run_id=None, restarts=None):
         self.nodes, self.metrics, self.usage = nodes, metrics, usage
-        self.records, self.check = records, check
+        self.records = records
         self.progress, self.summary = progress, summary
         self.of, self.verbose, self.session = of, verbose, session
         self.metrics_log, self.run_id = metrics_log, run_id
@@ -213,14 +212,19 @@ class EpochWatch:
 
     # -- an epoch done ----------------------------------------------------------------
 
-    def on_epoch(self, report):
-        if self.check is not None:
-            self.check()
+    def on_epoch(self, report, stopped=False):
+        """Show and record the epoch of ``report``.  ``stopped``: the run
+        was stopped (its session closed) after the epoch's checkpoint was
+        complete and before it was shown -- it is shown and recorded all
+        the same, without its nodes' usage."""
         values = {k: scalar(v.fetch()) for k, v in self.metrics.items()}
-        per_node = self.usage.sample()
+        per_node = {} if stopped else self.usage.sample()
         whole = report.seconds + (report.checkpoint_seconds or 0.0)
-        rate = self.records / whole if self.records and whole > 0 else None
-        pids = self.session.node_pids() if self.session else {}
+        # a checkpoint of unknown length: no rate rather than a high one
+        rate = self.records / whole if self.records and whole > 0 and \
+            not stopped else None
+        pids = {} if stopped or not self.session else \
+            self.session.node_pids()
         self.pids.update(pids)
         now = time.monotonic()
         self._spent.append(whole)
@@ -236,13 +240,16 @@ class EpochWatch:
             "processes": per_node,
             "checkpoint_error": report.checkpoint_error}
         self.summary["epochs"].append(entry)
-        self.saves.append((report.epoch, report.started + report.seconds,
-                           report.checkpoint_seconds))
+        if report.checkpoint_seconds is not None:
+            self.saves.append((report.epoch,
+                               report.started + report.seconds,
+                               report.checkpoint_seconds))
         self._log_epoch(report, entry, now, pids)
         self.epoch, self.since = report.epoch, now
         if self.first_loss is None and values.get("loss") is not None:
             self.first_loss = values["loss"]
-        self.progress.line(self.line(report, values, rate, per_node, now))
+        self.progress.line(self.line(report, values, rate, per_node, now,
+                                     stopped))
         if self.verbose:
             for node in self.nodes:
                 self.progress.line(self._node_line(node, entry, per_node))
@@ -250,7 +257,7 @@ class EpochWatch:
                 self.progress.line("    metrics: "
                                    + metrics_text(values, every=True))
 
-    def line(self, report, values, rate, per_node, now):
+    def line(self, report, values, rate, per_node, now, stopped=False):
         simulated = "" if report.simulated_seconds is None else \
             f" (simulated {report.simulated_seconds:.3f} s)"
         ckpt = "" if report.checkpoint_seconds is None else \
@@ -263,6 +270,8 @@ class EpochWatch:
                 + (f"  {rate:,.0f} rec/s" if rate else "")
                 + f"  elapsed {_seconds(now - self.started)}")
         eta = self.eta(report.epoch)
+        if stopped:
+            return text + "  | checkpointed as the run was stopped"
         if eta is not None and report.epoch < self.of:
             text += f"  ETA {_seconds(eta)}"
         return text + "  | " + nodes_text(per_node, report.node_seconds)

@@ -133,8 +133,7 @@ class Run:
             self.watch = EpochWatch(
                 self.nodes, metrics, self.options.get("records"),
                 Usage(session, self.nodes), progress, self.summary,
-                self.resume, check=self.signals.check,
-                of=self.values.get("epochs"), verbose=opts.verbose,
+                self.resume, of=self.values.get("epochs"), verbose=opts.verbose,
                 session=session, metrics_log=self.metrics_log,
                 run_id=self.run_id, restarts=self._restarts)
             self.runner = JobRunner(
@@ -157,8 +156,11 @@ class Run:
 
     def _on_epoch(self, report):
         """An epoch and its checkpoint are done: show and log it, then
-        keep only the newest ``keep_last`` complete epochs on disk."""
-        self.watch.on_epoch(report)
+        keep only the newest ``keep_last`` complete epochs on disk.  A
+        stop signal waits until the epoch is shown and in metrics.jsonl
+        (and one that came during the epoch stops the run here)."""
+        with self.signals.deferred():
+            self.watch.on_epoch(report)
         if self.keep_last is None or report.checkpoint_error is not None:
             return
         try:
@@ -292,6 +294,7 @@ class Run:
 
     def _interrupted(self, exc, progress):
         latest = self._latest()
+        self._show_unreported(latest)
         message = ("interrupted; every node stopped; " + (
             f"the last complete checkpoint is epoch {latest}"
             if latest is not None else "no checkpoint was complete yet"))
@@ -302,6 +305,17 @@ class Run:
         self._write_trace()
         return self._failed(exit_status(exc), message, "interrupted",
                             latest=latest)
+
+    def _show_unreported(self, latest):
+        """An epoch whose checkpoint is complete (``latest``) but that the
+        stop came too early to show -- it landed while the checkpoint was
+        being written, or right after: shown and recorded now, so that the
+        history and the checkpoints agree."""
+        report = self.runner.result.unreported if self.runner else None
+        if report is None or self.watch is None or \
+                report.epoch != latest or report.epoch <= self.watch.epoch:
+            return
+        self.watch.on_epoch(report, stopped=True)
 
     def _error(self, exc):
         failure = describe(exc, self.max_restarts, self.opts.session.timeout,
