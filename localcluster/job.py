@@ -13,10 +13,13 @@ them epoch by epoch with a checkpoint of every node after every epoch.
     runner = JobRunner(job, MultiNodeCheckpointManager("/ckpt"))
     last_epoch = runner.train(session)
 
-`JobRunner.train` runs the init group (unless resuming), checkpoints epoch
-0 (or loads the resume epoch), then per epoch: the epoch group, the stop
-conditions, a checkpoint; then the upload builder's group, the download
-group and the exit group.  What a checkpoint holds is each node's global
+`JobRunner.train` first validates every group of the job and the
+session's fault plan (`Session.validate`, `plan.preflight`): a bad epoch
+group is refused before the init group runs.  Then it runs the init group
+(unless resuming), checkpoints epoch 0 (or loads the resume epoch), then
+per epoch: the epoch group, the stop conditions, a checkpoint; then the
+upload builder's group, the download group and the exit group.  What a
+checkpoint holds is each node's global
 workspace right after the init group, so a run resumed from epoch k --
 with a fresh session and a rebuilt job -- ends exactly where an
 uninterrupted one does.  A checkpoint also records whether training
@@ -34,6 +37,7 @@ from .context import Managed
 from .errors import (CheckpointError, CheckpointWarning, NodeFailedError,
                      PlanError, RunTimeoutError, TaskFailedError)
 from .plan.net import BlobRef, Net
+from .plan.preflight import check_fault_nodes
 from .plan.validate import check_seconds
 from .task import Task, TaskGroup, TaskOutput, WorkspaceType
 
@@ -114,6 +118,15 @@ class Job(Managed):
     def printable_groups(self):
         return [("init", self.init_group), ("epoch", self.epoch_group),
                 ("download", self.download_group), ("exit", self.exit_group)]
+
+    def nodes(self):
+        """Every node a group of the job uses, in order of first use."""
+        nodes = []
+        for _, group in self.printable_groups():
+            for node in group.used_nodes():
+                if node not in nodes:
+                    nodes.append(node)
+        return nodes
 
 
 def _global_group(group, what):
@@ -266,6 +279,7 @@ class JobRunner:
                 "the job has no stop condition, so training would never end;"
                 " add epoch_limiter(job, num_epochs) or "
                 "job.add_stop_condition(blob)")
+        self._validate(session)
         self.result = result = TrainResult()
         resume = self.resume_from_epoch
         result.resumed_from = resume
@@ -292,6 +306,21 @@ class JobRunner:
                     "%s; restart %d of %d from %s", _what_failed(exc),
                     len(result.restarts), self.max_restarts,
                     "scratch" if resume is None else f"epoch {resume}")
+
+    def _validate(self, session):
+        """Refuse, before anything runs or is checkpointed, what would
+        fail a run of the job later: each group as the session checks it
+        before running it (`Session.validate`), and a fault of the
+        session's plan that names a node the job lacks."""
+        for name, group in self.job.printable_groups():
+            if group.num_registered_tasks():
+                try:
+                    session.validate(group)
+                except PlanError as exc:
+                    raise PlanError(f"the job's {name} group: {exc}") \
+                        from exc
+        check_fault_nodes(session.faults, set(self.job.nodes()) |
+                          set(self.job.nodes_to_checkpoint()))
 
     def _finish(self, session, epoch):
         """After the last epoch: upload, download and exit groups."""

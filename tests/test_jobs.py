@@ -10,8 +10,9 @@ import pytest
 from localcluster import (CheckpointError, CheckpointManager,
                           CheckpointWarning, Dataset, Job, JobRunner,
                           MultiNodeCheckpointManager, Net, Node, PlanError,
-                          ReaderWithLimit, Task, TaskGroup,
+                          Queue, ReaderWithLimit, Task, TaskGroup,
                           UploadTaskGroupBuilder, epoch_limiter, ops, pipe)
+from localcluster.testing import Epoch, FaultPlan, Kill
 
 EXPECTED_TOTALS = [103, 115, 136, 145]
 
@@ -299,6 +300,52 @@ def test_a_job_without_a_stop_condition_is_refused(session):
         ops.Const(np.array(1))
     with pytest.raises(PlanError, match="no stop condition"):
         JobRunner(job).train(session)
+
+
+def _reads_a_queue_the_init_group_writes(where):
+    def bad(job):
+        q = Queue(4, name="q")
+        with Node("b"), job.init_group, Task():
+            pipe(Dataset({"x": np.arange(3)}, name="d").reader(), q)
+        with Node("b"), getattr(job, f"{where}_group"), Task():
+            pipe(q, processor=lambda rec: None)
+    bad.__name__ = f"the {where} group reads a queue only init writes"
+    return bad
+
+
+def _a_fault_names_a_node_the_job_lacks(job):
+    return FaultPlan(Kill("trainer_9", Epoch(1)))
+
+
+@pytest.mark.parametrize("bad, says", [
+    *[(_reads_a_queue_the_init_group_writes(where),
+       rf"the job's {where} group: queue 'queue/q' is read on node\(s\) "
+       r"\['b'\] but no task of .* writes it")
+      for where in ("epoch", "download", "exit")],
+    (_a_fault_names_a_node_the_job_lacks,
+     r"Kill\(node='trainer_9'.* names node 'trainer_9', which no group of "
+     r"the job uses \(its nodes: a\), so it could never fire"),
+], ids=["epoch", "download", "exit", "fault"])
+def test_a_bad_job_is_refused_before_init_runs_or_epoch_0_is_saved(
+        session_factory, tmp_path, bad, says):
+    """Every group of the Job, and the session's faults, are validated
+    before anything runs: a bad epoch group used to fail after the init
+    group ran and epoch 0 was saved (a bad exit group: after training)."""
+    with Job() as job:
+        with Node("a"), job.init_group, Task():
+            ops.Const(np.array([1]), name="made_by_init")
+        with Node("a"):
+            with Task():
+                ops.Const(np.array([2]))
+            epoch_limiter(job, 2)
+        faults = bad(job)
+    session = session_factory(faults=faults)
+    with pytest.raises(PlanError, match=says):
+        JobRunner(job, MultiNodeCheckpointManager(str(tmp_path)),
+                  timeout=10).train(session)
+    assert not session.has_blob("made_by_init", "a")
+    assert os.listdir(tmp_path) == []
+    assert session.is_open()
 
 
 def test_resuming_from_an_epoch_never_saved_names_the_latest(session,

@@ -740,17 +740,42 @@ UNPICKLABLE_JOB = USER_JOB + textwrap.dedent('''
         with job.epoch_group, Node("worker"), Task():
             ops.Python(lambda: None)([], [])
         return job, options
+
+    def fails_at_2(epochs=3):
+        job, options = build(epochs)
+        with job.epoch_group, Node("worker"), Task():
+            ops.Python(fail_past_1)(["x"], [])
+        return job, options
+
+    def fail_past_1(x):
+        if float(x) > 1:
+            raise RuntimeError("the op fails from epoch 2 on")
 ''')
 
 
 def test_errors_that_recur_give_no_resume_hint(tmp_path):
     job = write_job(tmp_path, UNPICKLABLE_JOB)
     ckpt = tmp_path / "c"
+    done = run("--job", f"{job}:fails_at_2", "--checkpoint-dir", str(ckpt))
+    assert done.returncode == 1
+    assert os.path.exists(ckpt / "worker.1")  # there was something to resume
+    [line] = error_lines(done.stderr)
+    assert "epoch 2 on" in line and "resume with" not in done.stderr, line
+
+
+def test_a_plan_that_cannot_be_sent_is_refused_before_any_checkpoint(
+        tmp_path):
+    """A lambda in the epoch group cannot reach a node process: refused
+    when the Job is validated, before the init group ran and epoch 0 was
+    saved (it failed at epoch 1, after both)."""
+    job = write_job(tmp_path, UNPICKLABLE_JOB)
+    ckpt = tmp_path / "c"
     done = run("--job", f"{job}:unpicklable", "--checkpoint-dir", str(ckpt))
     assert done.returncode == 1
-    assert os.path.exists(ckpt / "worker.0")  # there was something to resume
     [line] = error_lines(done.stderr)
-    assert "lambda" in line and "resume with" not in done.stderr, line
+    assert "the job's epoch group" in line and "lambda" in line, line
+    assert "resume with" not in done.stderr
+    assert not os.path.exists(ckpt / "worker.0")
 
 
 def test_a_node_death_mentions_max_restarts_and_how_to_resume(tmp_path):

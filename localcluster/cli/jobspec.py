@@ -133,12 +133,7 @@ def _default(param):
 
 
 def job_nodes(job):
-    nodes = []
-    for _, group in job.printable_groups():
-        for node in group.used_nodes():
-            if node not in nodes:
-                nodes.append(node)
-    return nodes
+    return job.nodes()
 
 
 def nodes_matching(option, pattern, nodes, literal=False):

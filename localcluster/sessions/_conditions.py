@@ -58,6 +58,11 @@ class RunConditions:
         self._groups[group] = (plans, facts)
         return facts
 
+    def check(self, group, plans):
+        """A `PlanError` for a condition of a run of ``plans`` that names
+        no node of the job (checked once per group)."""
+        self._facts(group, plans)
+
     def of_run(self, group, plans, epoch):
         """``{node: NodeConditions}`` of a run of ``plans``, or None."""
         conditions, queues, slow = self._facts(group, plans)

@@ -30,6 +30,7 @@ from ..plan.faults import Kill, as_fault_plan
 from ..plan.net import Net, plan_epoch
 from ..plan.node_plan import WorkspaceType, as_workspace_type
 from ..plan.step import ExecutionStep, to_execution_step
+from ..plan.preflight import check_queue_ends
 from ..plan.validate import check_seconds
 from ..runtime.procstats import process_stats
 from ..task import Cluster, Task, TaskGroup
@@ -205,6 +206,22 @@ class Session:
             values = results[node]
             output.set([values[n] for n in output.names])
 
+    def validate(self, runnable, workspace_type=None):
+        """Check ``runnable`` as `run` would before it starts anything, and
+        start nothing: a queue no task of the group writes, a condition
+        naming no node of the job, a plan that cannot be sent -- each
+        raises here what `run` would.  Like a run, it fixes the group (a `JobRunner`
+        validates every group of its Job before it runs one)."""
+        self._check_open()
+        group = self.compile(runnable, workspace_type)
+        plans, _ = self._node_plans(group)
+        self._check_plans(group, plans)
+
+    def _check_plans(self, group, plans):
+        """What a run of ``plans`` checks before it starts (see
+        `validate`); a session that sends plans adds their packing."""
+        self._conds.check(group, plans)
+
     def _sync_faults(self):
         """Add the faults that fired since the last look to the plan's
         ``fired()``; returns them."""
@@ -244,6 +261,7 @@ class Session:
         if cached is not None and cached[0] == plan_epoch():
             return cached[1]
         plans = group.node_plans()
+        check_queue_ends(plans, repr(group))
         outputs = [(task.node, output)
                    for task in group.tasks_by_node().tasks()
                    for output in task.outputs()]

@@ -224,6 +224,10 @@ class LocalHostScheduler(Session):
 
     # -- running ---------------------------------------------------------------
 
+    def _check_plans(self, group, plans):
+        super()._check_plans(group, plans)
+        self._prepared(plans)   # packed now (and kept): sendable
+
     def _run_plans(self, plans, timeout):
         timeout = timeout if timeout is not None else self._default_timeout
         prepared, shared = self._prepared(plans)

@@ -339,6 +339,10 @@ class RaySession(Session):
 
     # -- running --------------------------------------------------------------
 
+    def _check_plans(self, group, plans):
+        super()._check_plans(group, plans)
+        self._prepared(plans)   # packed now (and kept): sendable
+
     def _run_plans(self, plans, timeout):
         prepared, shared = self._prepared(plans)
         rid = next(self._rids)

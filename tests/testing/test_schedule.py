@@ -240,11 +240,17 @@ def _with_fields(*queues):
 
 
 def test_reading_a_queue_nobody_writes_is_a_deadlock_naming_branch_and_queue():
+    # (a queue no task of the group writes at all is refused before the
+    # run: here its one writer never reaches its write)
     queue = Queue(1, name="empty")
     _with_fields(queue)
     with TaskGroup() as group:
         with Node("r"), Task(name="reader"):
             queue.reader().read_record(ops.net())
+        with Node("w"), Task(name="writer"):
+            with ops.If(ops.Const(False)):
+                queue.writer().write_record(ops.net(),
+                                            {"v": ops.Const(1.0)})
     with LocalSession(schedule=0) as session:
         start = time.monotonic()
         with pytest.raises(DeadlockError) as caught:
@@ -292,6 +298,9 @@ def failing_group():
             never.reader().read_record(ops.net())
         with Node("m"), Task(name="sleeps"):
             ops.Sleep([], [], seconds=30.0)
+            with ops.If(ops.Const(False)):  # a writer that never writes
+                never.writer().write_record(ops.net(),
+                                            {"v": ops.Const(1.0)})
     return group
 
 
