@@ -120,7 +120,9 @@ class TaskFailedError(LocalClusterError):
     """An op raised while a node ran its plan.
 
     Attributes name where: ``node``, ``task``, ``step``, ``op_type``,
-    ``op_index`` (index of the op in its net) and ``net``; what the op
+    ``op_index`` (index of the op in its net), ``net`` and ``built_at``
+    (``"<file>:<line> in <function>"`` of the user's code that built the
+    op, or None); what the op
     raised is ``cause_type`` (``"ValueError"``) and ``cause_message``, the
     two together ``reason``; ``traceback_text`` is the
     formatted traceback of the original exception, which is also the
@@ -130,8 +132,9 @@ class TaskFailedError(LocalClusterError):
 
     def __init__(self, message, *, node=None, task=None, step=None, net=None,
                  op_type=None, op_index=None, traceback_text="",
-                 cause_type=None, cause_message=None):
+                 cause_type=None, cause_message=None, built_at=None):
         super().__init__(message)
+        self.built_at = built_at
         self.cause_type = cause_type
         self.cause_message = message if cause_message is None \
             else cause_message

@@ -98,6 +98,22 @@ def test_op_raising_in_a_node_is_a_task_failed_error_naming_where(session):
     assert_caused_by(err, ValueError, "boom")
 
 
+def test_a_failing_builtin_op_names_the_line_that_built_it(session):
+    """A built-in op's failure is raised in the library's kernel: the
+    error names the user's line that built the op, in its message and as
+    ``built_at``, under every session."""
+    import inspect
+    with TaskGroup() as tg, Node("n"), Task(name="shapes"):
+        line = inspect.currentframe().f_lineno + 1
+        ops.Div([ops.Const(np.array([1, 2])), ops.Const(np.array([1, 2, 3]))])
+    with pytest.raises(TaskFailedError) as info:
+        session.run(tg, timeout=RUN_TIMEOUT)
+    here = (f"{__file__}:{line} in "
+            "test_a_failing_builtin_op_names_the_line_that_built_it")
+    assert info.value.op_type == "Div" and info.value.built_at == here
+    assert f"built at {here})" in str(info.value)
+
+
 @pytest.mark.parametrize("kind", ["net", "list", "step", "task", "group"])
 def test_every_runnable_kind_reports_a_failing_op(session, kind):
     net = Net(f"fail_{kind}")

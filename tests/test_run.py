@@ -200,6 +200,13 @@ USER_JOB = textwrap.dedent('''
     def explode():
         raise RuntimeError("the user's op broke")
 
+    def shapes():
+        with Job() as job, Node("worker"):
+            with Task():
+                ops.Div([ops.Const(np.array([1, 2])), ops.Const(np.array([1, 2, 3]))])
+            epoch_limiter(job, 2)
+        return job
+
     def not_a_job():
         return 42
 
@@ -261,6 +268,27 @@ def test_a_failing_job_exits_1_with_one_line_naming_the_node(tmp_path):
     assert "'worker'" in errors[0] and "the user's op broke" in errors[0]
     # an op that raises fails a resumed run the same way: no resume hint
     assert "resume with:" not in done.stderr
+
+
+def test_a_failing_builtin_op_shows_the_users_line_not_the_librarys(
+        tmp_path):
+    """A built-in op (Div) fails inside the library's kernel: the lines
+    under the error show where the job built the op, with its source,
+    not the executor's frames."""
+    job = tmp_path / "myjob.py"
+    job.write_text(USER_JOB)
+    done = run("--job", f"{job}:shapes", "--session", "local",
+               "--checkpoint-dir", str(tmp_path / "c"))
+    assert done.returncode == 1
+    line = USER_JOB.splitlines().index(
+        "            ops.Div([ops.Const(np.array([1, 2])), "
+        "ops.Const(np.array([1, 2, 3]))])") + 1
+    built = f"built at {job}:{line} in shapes"
+    error, *details = done.stderr.strip().splitlines()
+    assert error.startswith("error: op Div") and built in error, error
+    assert details[0] == (f"  op {built}: ops.Div([ops.Const(np.array([1, "
+                          "2])), ops.Const(np.array([1, 2, 3]))])"), details
+    assert "localcluster" not in "\n".join(details), details
 
 
 @pytest.mark.parametrize("value, message", [

@@ -15,6 +15,9 @@ from a checkpoint.  A net created outside every context keeps the name you
 gave it.
 """
 
+import os
+import sys
+
 import numpy as np
 
 from ..context import BuildScope, build_scope
@@ -92,22 +95,53 @@ def blob_names(blobs, what="inputs"):
         f"{type(blobs).__name__} {blobs!r}")
 
 
+#: the library's own files (its example job is user code): where an op
+#: was built is the first frame outside them
+_LIBRARY = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) \
+    + os.sep
+_EXAMPLES = os.path.join(_LIBRARY, "examples") + os.sep
+
+
+def _built_where():
+    """``(file, line, function)`` of the code that is adding an op: the
+    innermost frame outside the library (None if there is none)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_LIBRARY) or name.startswith(_EXAMPLES):
+            return (name, frame.f_lineno, frame.f_code.co_name)
+        frame = frame.f_back
+    return None
+
+
 class Op:
-    """One operator of a net: ``type(inputs) -> outputs`` with ``args``."""
+    """One operator of a net: ``type(inputs) -> outputs`` with ``args``;
+    ``where`` is the ``(file, line, function)`` of the user's code that
+    built it (None if unknown), which a failure of the op names."""
 
-    __slots__ = ("type", "inputs", "outputs", "args")
+    __slots__ = ("type", "inputs", "outputs", "args", "where")
 
-    def __init__(self, type, inputs, outputs, args):
+    def __init__(self, type, inputs, outputs, args, where=None):
         self.type = type
         self.inputs = inputs
         self.outputs = outputs
         self.args = args
+        self.where = where
 
     def __getstate__(self):
-        return (self.type, self.inputs, self.outputs, self.args)
+        return (self.type, self.inputs, self.outputs, self.args, self.where)
 
     def __setstate__(self, state):
-        self.type, self.inputs, self.outputs, self.args = state
+        (self.type, self.inputs, self.outputs, self.args,
+         self.where) = state
+
+    def built_at(self):
+        """``"<file>:<line> in <function>"`` where the op was built, or
+        None."""
+        if self.where is None:
+            return None
+        file, line, function = self.where
+        return f"{file}:{line} in {function}"
 
     def __repr__(self):
         return (f"Op({self.type}, inputs={list(self.inputs)}, "
@@ -237,7 +271,8 @@ class Net:
         schema.check_num_outputs(len(out_refs))
         _epoch[0] += 1
         self._ops.append(Op(schema.name, in_names,
-                            tuple(str(o) for o in out_refs), args))
+                            tuple(str(o) for o in out_refs), args,
+                            _built_where()))
         if len(out_refs) == 1:
             return out_refs[0]
         return out_refs

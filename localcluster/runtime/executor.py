@@ -178,13 +178,18 @@ def _fail(rc, exc, task, step, net, index):
     op = net.ops[index]
     tb_text = "".join(traceback.format_exception(type(exc), exc,
                                                  exc.__traceback__))
+    built_at = op.built_at()
+    # where the user built the op: a built-in kernel's own frames are the
+    # library's, not the line to fix
+    built = f", built at {built_at}" if built_at else ""
     err = TaskFailedError(
-        f"op {op.type} (#{index} of net {net.name!r}) failed on node "
+        f"op {op.type} (#{index} of net {net.name!r}{built}) failed on node "
         f"{rc.node!r} in task {task!r}, step {step.name!r}: "
         f"{type(exc).__name__}: {exc}",
         node=rc.node, task=task, step=step.name, net=net.name,
         op_type=op.type, op_index=index, traceback_text=tb_text,
-        cause_type=type(exc).__name__, cause_message=str(exc))
+        cause_type=type(exc).__name__, cause_message=str(exc),
+        built_at=built_at)
     return err
 
 

@@ -143,7 +143,7 @@ TASK, PLAN, BLOB, MEMORY, CANCELLED, OTHER = (
     "task", "plan", "blob", "memory", "cancelled", "other")
 
 _TASK_ATTRS = ("node", "task", "step", "net", "op_type", "op_index",
-               "cause_type", "cause_message")
+               "cause_type", "cause_message", "built_at")
 
 
 def format_tb(exc):

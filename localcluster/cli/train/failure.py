@@ -2,9 +2,11 @@
 
 One ``error:`` line names what failed; the lines after it show where:
 
-- an op that raised (`TaskFailedError`): the last frames of the node's
-  traceback outside localcluster -- the file and line of the user's code
-  -- (with ``--log-level DEBUG``, the whole traceback);
+- an op that raised (`TaskFailedError`): where the user's code built the
+  op, with its line, and the last frames of the node's traceback outside
+  the library -- a Python op's own function -- (with ``--log-level
+  DEBUG``, the whole traceback); a built-in op's kernel frames are the
+  library's, never shown as if they were the line to fix;
 - a node that died (`NodeFailedError`): its last log lines.
 
 Only a failure that another try may not repeat -- a node that died, a run
@@ -14,6 +16,7 @@ to a node or a bad checkpoint fail the same way on every run: no hint to
 repeat it.
 """
 
+import linecache
 import os
 import re
 import shlex
@@ -26,7 +29,10 @@ __all__ = ["Failure", "describe", "resume_hint", "recurs"]
 
 #: frames shown under a failed op's error line
 FRAMES = 3
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: the library's files (its example job is user code)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))) + os.sep
+_EXAMPLES = os.path.join(_PACKAGE, "examples") + os.sep
 _FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), '
                     r'in (?P<func>.+)$')
 
@@ -98,12 +104,31 @@ def _frames(exc, debug):
             code = lines[i + 1].strip() if i + 1 < len(lines) and \
                 not _FRAME.match(lines[i + 1]) else ""
             frames.append((found["file"], found["line"], found["func"], code))
-    theirs = [f for f in frames
-              if not os.path.abspath(f[0]).startswith(_PACKAGE)]
-    shown = (theirs or frames)[-FRAMES:]
-    return [f"  at {file}:{line} in {func}" + (f": {code}" if code else "")
-            for file, line, func, code in shown] + [
+    theirs = [f for f in frames if _users(f[0])]
+    built = _built(exc.built_at)
+    shown = theirs[-FRAMES:] if theirs or built else frames[-FRAMES:]
+    return built + [
+        f"  at {file}:{line} in {func}" + (f": {code}" if code else "")
+        for file, line, func, code in shown] + [
         "  (--log-level DEBUG shows the whole traceback)"]
+
+
+def _users(file):
+    """Whether ``file`` is the user's code, not the library's."""
+    path = os.path.abspath(file)
+    return not path.startswith(_PACKAGE) or path.startswith(_EXAMPLES)
+
+
+def _built(built_at):
+    """The line naming where the failed op was built (``built_at``: the
+    error's ``"<file>:<line> in <function>"``), with its source."""
+    if not built_at:
+        return []
+    place, _, func = built_at.rpartition(" in ")
+    file, _, line = place.rpartition(":")
+    code = linecache.getline(file, int(line)).strip() if line.isdigit() \
+        else ""
+    return [f"  op built at {built_at}" + (f": {code}" if code else "")]
 
 
 def resume_hint(session, max_restarts, checkpoint_dir):
