@@ -8,6 +8,7 @@ and its traceback text (`RemoteTraceback`) across processes;
 `assert_caused_by` accepts either.
 """
 
+import re
 import time
 
 import numpy as np
@@ -218,6 +219,24 @@ def test_fetch_blob_of_a_missing_blob_is_a_key_error_naming_it(
     assert isinstance(info.value, KeyError)
     assert "ghost" in str(info.value)
     assert node in str(info.value)
+
+
+def test_fetching_a_blob_a_private_group_made_says_it_was_dropped_with_it(
+        session):
+    """A PRIVATE group's new blobs are written, then dropped with the
+    group's workspace: the error says so (it said no run wrote it)."""
+    with TaskGroup() as tg, Node("n"), Task(name="temps"):
+        ops.Add([ops.Const(np.array(1)), ops.Const(np.array(2))], ["temp"])
+    session.run(tg, timeout=RUN_TIMEOUT)
+    with pytest.raises(BlobNotFoundError, match=re.escape(
+            "blob 'temp' not found on node 'n'; op Add of net 'n/temps' "
+            "writes it in a run of a PRIVATE group, whose new blobs are "
+            "dropped with the group's workspace when the run ends; make it "
+            "in a GLOBAL group")):
+        session.fetch_blob("temp", node="n")
+    with pytest.raises(BlobNotFoundError, match="no run on that node "
+                                                "wrote it$"):
+        session.fetch_blob("ghost", node="n")
 
 
 def test_has_blob_on_a_node_that_never_ran_is_false_and_starts_nothing(

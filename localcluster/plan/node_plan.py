@@ -142,3 +142,12 @@ class NodePlan:
 
     def __repr__(self):
         return f"NodePlan({self.node!r}, {self.step!r}, {self.workspace_type})"
+
+    def writer_of(self, blob):
+        """``(net name, op type)`` of the first op of the plan that writes
+        ``blob``, or None."""
+        for net in self.step.walk_nets():
+            for op in net.ops:
+                if blob in op.outputs:
+                    return net.name, op.type
+        return None

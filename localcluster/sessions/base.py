@@ -23,7 +23,8 @@ import threading
 import time
 import weakref
 
-from ..errors import PlanError, RunTimeoutError, SessionClosedError
+from ..errors import (BlobNotFoundError, PlanError, RunTimeoutError,
+                      SessionClosedError)
 from ..plan.builder import NetBuilder
 from ..plan.conditions import as_conditions
 from ..plan.faults import Kill, as_fault_plan
@@ -88,6 +89,9 @@ class Session:
         #: run (times in `time.time` seconds)
         self.trace_steps = False
         self.last_run_trace = {}
+        #: ``{node: the PRIVATE plans it ran}`` (weakly): what a fetch of a
+        #: blob such a run made, and dropped, says
+        self._private_plans = {}
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -189,6 +193,7 @@ class Session:
             self._conds.fired(self.faults, self._fault_seen)
             self._run_started = time.monotonic()
             self._nodes_of_run = tuple(p.node for p in plans)
+            self._note_private(plans)
             try:
                 results = self._run_plans(plans, timeout)
             except RunTimeoutError as exc:
@@ -221,6 +226,32 @@ class Session:
         """What a run of ``plans`` checks before it starts (see
         `validate`); a session that sends plans adds their packing."""
         self._conds.check(group, plans)
+
+    def _note_private(self, plans):
+        for plan in plans:
+            if plan.workspace_type is WorkspaceType.PRIVATE:
+                self._private_plans.setdefault(
+                    plan.node, weakref.WeakSet()).add(plan)
+
+    def _blob_not_found(self, name, node):
+        """The `BlobNotFoundError` of fetching ``name`` from the global
+        workspace of ``node``, which has run: no run wrote it -- or a
+        PRIVATE group's run writes it, made it in the group's workspace
+        and dropped it with it, and the error says so."""
+        hint = "no run on that node wrote it"
+        for plan in list(self._private_plans.get(str(node), ())):
+            writer = plan.writer_of(str(name))
+            if writer is not None:
+                net, op_type = writer
+                hint = (
+                    f"op {op_type} of net {net!r} writes it in a run of a "
+                    "PRIVATE group, whose new blobs are dropped with the "
+                    "group's workspace when the run ends; make it in a "
+                    "GLOBAL group (the init group, say) to keep it, or "
+                    "fetch it as an output (task.add_output(blob), then "
+                    "output.fetch())")
+                break
+        return BlobNotFoundError(name, node, hint)
 
     def _sync_faults(self):
         """Add the faults that fired since the last look to the plan's

@@ -238,10 +238,10 @@ class LocalSession(Session):
         runtime = self._runtimes.get(str(node))
         value = runtime.fetch(name) if runtime is not None else None
         if value is None:
-            raise BlobNotFoundError(
-                name, node, "no run on that node wrote it" if runtime
-                is not None else "that node has not run anything in this "
-                "session")
+            if runtime is not None:
+                raise self._blob_not_found(name, node)
+            raise BlobNotFoundError(name, node, "that node has not run "
+                                    "anything in this session")
         if copy:
             return np.array(value, copy=True)
         view = value.view()  # read-only, as under LocalHostScheduler

@@ -325,9 +325,10 @@ class LocalHostScheduler(Session):
         desc = None if handle is None else self._request(handle, P.FETCH,
                                                          str(name))
         if desc is None:
-            raise BlobNotFoundError(
-                name, node, "that node is not running in this session"
-                if handle is None else "no run on that node wrote it")
+            if handle is not None:
+                raise self._blob_not_found(name, node)
+            raise BlobNotFoundError(name, node, "that node is not running "
+                                    "in this session")
         return self._reader.read((str(node), "blob", str(name)), desc, copy)
 
     def feed_blob(self, name, value, node="local"):

@@ -404,10 +404,10 @@ class RaySession(Session):
         self._check_open()
         value = self._call(node, "fetch", str(name))
         if value is None:
-            raise BlobNotFoundError(
-                name, node, "no run on that node wrote it" if str(node) in
-                self._nodes else "that node has not run anything in this "
-                "session")
+            if str(node) in self._nodes:
+                raise self._blob_not_found(name, node)
+            raise BlobNotFoundError(name, node, "that node has not run "
+                                    "anything in this session")
         if copy:
             return np.array(value, copy=True)
         view = value.view()
