@@ -192,3 +192,19 @@ def test_no_python_example_checkpoints_where_a_transcript_does():
     for block in python_blocks():
         for directory in dirs:
             assert f'"{directory}"' not in block, (directory, block[:200])
+
+
+def test_readme_says_where_a_task_with_no_node_runs_and_it_does():
+    """A Task built with no Node runs on ``local`` without a word: that
+    is the model's default (API: ``Node(name='local')``), so README says
+    it rather than the library warning about it."""
+    import numpy as np
+    from localcluster import Task, TaskGroup, ops, printer
+    text = " ".join(README.read_text().split())
+    assert ("a `Task` built with no `Node` current (and no `node=`) runs "
+            "on the node `local`") in text
+    with TaskGroup() as group:
+        with Task() as task:
+            ops.Const(np.array(1))
+    assert task.node == "local" and group.used_nodes() == ["local"]
+    assert "  node local:" in printer.to_string(group)
