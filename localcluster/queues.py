@@ -97,6 +97,21 @@ class QueueWriter(Writer):
     def __init__(self, queue):
         super().__init__(queue._schema)
         self.queue = queue
+        self._committed = False
+
+    def __repr__(self):
+        return f"QueueWriter({self.queue.id!r})"
+
+    def _check_open(self):
+        # a write after commit would run after this writer counted itself
+        # out: once the last writer has, the queue is closed and the
+        # record dropped -- refused while the plan is built instead
+        if self._committed:
+            raise PlanError(
+                f"{self!r}: a write after its commit; commit ends this "
+                "writer's writing (the queue closes once its last writer "
+                "has committed), so the record would be dropped -- write "
+                "before commit, or take another writer (queue.writer())")
 
     def _fields(self, record):
         fields = super()._fields(record)
@@ -110,6 +125,7 @@ class QueueWriter(Writer):
 
     def write_ex(self, fields, local_init_net, local_finish_net,
                  stop_blob=None):
+        self._check_open()
         net = Net("enqueue")
         closed = net.EnqueueRecord(list(fields), **self.queue._args())
         if stop_blob is not None:
@@ -117,8 +133,11 @@ class QueueWriter(Writer):
         return [net]
 
     def write(self, writer_net, fields):
+        self._check_open()
         writer_net.EnqueueRecord(list(fields), **self.queue._args())
 
     def commit(self, finish_net):
         # one writer ends: the queue closes when its last writer has
+        self._check_open()
+        self._committed = True
         self.queue.close(finish_net, writer=True)

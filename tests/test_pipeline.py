@@ -1,6 +1,7 @@
 """Data pipelines: datasets, readers, queues and pipe()."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -217,6 +218,26 @@ def test_num_threads_zero_returns_a_processing_reader(session):
 def test_a_queue_cannot_dequeue_more_than_it_holds():
     with pytest.raises(PlanError, match="capacity"):
         Queue(3, num_dequeue_records=4)
+
+
+def test_a_write_after_commit_is_an_error_naming_the_writer():
+    """commit ends a queue writer's writing (the queue closes once its
+    last writer has committed): a record written after it was dropped
+    without a word; now building it is a PlanError naming the writer."""
+    q = Queue(4, name="q")
+    with TaskGroup(), Node("a"), Task():
+        writer = q.writer()
+        writer.write_record(ops.net(), {"v": ops.Const(1.0)})
+        writer.commit(ops.net())
+        refused = re.escape("QueueWriter('queue/q'): a write after its "
+                            "commit;") + ".* would be dropped"
+        with pytest.raises(PlanError, match=refused):
+            writer.write_record(ops.net(), {"v": ops.Const(2.0)})
+        with pytest.raises(PlanError, match=refused):
+            pipe(Dataset({"v": np.arange(3.0)}).reader(), writer)
+        with pytest.raises(PlanError, match=refused):
+            writer.commit(ops.net())
+        q.writer().write_record(ops.net(), {"v": ops.Const(3.0)})  # another
 
 
 def test_pipe_argument_errors():
