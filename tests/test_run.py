@@ -366,6 +366,25 @@ def test_json_stays_parseable_when_nodes_print(tmp_path):
     assert "hello from the worker" in done.stderr  # node output, not stdout
 
 
+@pytest.mark.parametrize("session", ["local", "localhost"])
+@pytest.mark.parametrize("json_out", [False, True], ids=["text", "json"])
+def test_node_output_is_prefixed_with_its_node_under_every_session(
+        tmp_path, session, json_out):
+    """README promises node output as ``[node] line`` on the terminal:
+    --session local (nodes are threads of the master) printed it bare."""
+    job = tmp_path / "myjob.py"
+    job.write_text(USER_JOB)
+    done = run("--job", f"{job}:chatty", "--session", session,
+               "--checkpoint-dir", str(tmp_path / "c"),
+               *(["--json"] if json_out else []))
+    assert done.returncode == 0, done.stderr
+    shown = done.stderr if json_out else done.stdout
+    said = [line for line in shown.splitlines() if "hello from" in line]
+    assert said == ["[worker] hello from the worker"] * 2, shown
+    if json_out:
+        assert json.loads(done.stdout)["last_epoch"] == 2
+
+
 def test_json_summary_of_a_failed_run_says_why(tmp_path):
     job = tmp_path / "myjob.py"
     job.write_text(USER_JOB)

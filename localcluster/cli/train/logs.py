@@ -14,7 +14,10 @@
   ``--log-dir``; the files always have every node's).
 
 `log_options` turns them into the session's ``log_dir`` / ``log_echo``;
-`MasterLog` is the master's own file.
+`MasterLog` is the master's own file.  A session whose nodes print
+through this process (``--session local``: threads) has its nodes' output
+routed by node even with no option -- every node echoed -- so that the
+terminal shows ``[node] line`` there as from node processes.
 """
 
 import logging
@@ -25,16 +28,22 @@ from ..jobspec import UsageError, nodes_matching
 __all__ = ["log_options", "MasterLog", "master_log_name"]
 
 
-def log_options(logs, nodes):
+#: a ``log_echo`` that echoes every node (a pattern matching any name):
+#: unlike the default (True) it routes in-process nodes' output by node
+EVERY_NODE = ("*",)
+
+
+def log_options(logs, nodes, in_process=False):
     """The session keyword arguments of the `LogOptions` ``logs`` (``{}``:
-    none given, the session's default)."""
+    none given, the session's default -- or, ``in_process`` (the nodes
+    are threads of this process), every node echoed with its prefix)."""
     if logs.tee and logs.log_dir is None:
         raise UsageError("--tee keeps the terminal copy of --log-dir's "
                          "files: give --log-dir DIR with it")
     for pattern in logs.log_nodes:
         nodes_matching("--log-nodes", pattern, nodes)
     if logs.log_dir is None and not logs.log_nodes:
-        return {}
+        return {"log_echo": EVERY_NODE} if in_process else {}
     if logs.log_nodes:
         echo = list(logs.log_nodes)
     else:

@@ -114,7 +114,8 @@ class Run:
         kwargs = {"faults": opts.session.faults,
                   **session_options(opts.session, opts.job.seed,
                                      self.job),
-                  **log_options(opts.logs, self.nodes)}
+                  **log_options(opts.logs, self.nodes,
+                                in_process=opts.session.kind == "local")}
         if opts.logs.log_dir is not None:
             try:
                 self.master_log = MasterLog(opts.logs.log_dir, self.nodes)
