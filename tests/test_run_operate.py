@@ -555,3 +555,42 @@ def test_a_ctrl_c_never_keeps_a_checkpoint_without_its_line_and_history(
     assert records[-1]["kind"] == "end" and \
         records[-1]["status"] == "interrupted"
     assert records[-1]["last_epoch"] == 2
+
+
+def test_the_done_line_and_the_epoch_lines_count_from_one_start(
+        tmp_path, monkeypatch, capsys):
+    """The done line's seconds and the epoch lines' ``elapsed`` count from
+    the run's one start: a session that takes long to start (here 1000 s
+    on a clock of the command line's own) is in both, not in one only
+    (``done: ... 12.96 s`` against ``elapsed 11.3 s``)."""
+    import types
+    from localcluster.cli.run import main
+    from localcluster.cli.train import epochs, loop
+    offset = [0.0]
+    clock = types.SimpleNamespace(
+        monotonic=lambda: time.monotonic() + offset[0], time=time.time)
+    monkeypatch.setattr(loop, "time", clock)
+    monkeypatch.setattr(epochs, "time", clock)
+    session_class = loop._session_class
+
+    def slow_to_start(kind):
+        made = session_class(kind)
+
+        def make(**kwargs):
+            offset[0] += 1000.0
+            return made(**kwargs)
+        make.__name__ = made.__name__
+        return make
+    monkeypatch.setattr(loop, "_session_class", slow_to_start)
+    code = main(["--session", "local", "--epochs", "2", "--checkpoint-dir",
+                 str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    done = [line for line in out.splitlines() if line.startswith("done:")]
+    shown = done[0].split(" in ")[1].split(" s")[0]
+    records = read_metrics(tmp_path / METRICS_FILE)
+    elapsed = [r["elapsed"] for r in records if r["kind"] == "epoch"]
+    seconds = records[-1]["seconds"]   # the end line's: the done line's
+    assert shown == f"{seconds:.2f}", (shown, seconds)
+    assert elapsed[0] >= 1000 and 0 <= seconds - elapsed[-1] < 500, (
+        elapsed, seconds)

@@ -162,12 +162,14 @@ class EpochWatch:
     the epoch to ``metrics.jsonl`` (``metrics_log``) and records it for the
     summary and the trace.  ``restarts()`` lists the runner's restarts so
     far; ``of``: the epoch the run trains to, if known.  ``epoch`` is the
-    last epoch shown and recorded.
+    last epoch shown and recorded.  ``started``: the run's start
+    (`time.monotonic`), which ``elapsed`` counts from -- the one the done
+    line counts from too.
     """
 
     def __init__(self, nodes, metrics, records, usage, progress, summary,
                  resume, of=None, verbose=False, session=None,
-                 metrics_log=None, run_id=None, restarts=None):
+                 metrics_log=None, run_id=None, restarts=None, started=None):
         self.nodes, self.metrics, self.usage = nodes, metrics, usage
         self.records = records
         self.progress, self.summary = progress, summary
@@ -177,7 +179,7 @@ class EpochWatch:
         self._restarts_logged = 0
         self.saves, self.first_loss = [], None
         self.epoch, self.since = resume or 0, time.monotonic()
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
         self._spent = []   # seconds of each epoch of this run, checkpoint in
         #: ``{node: pid}`` of the process each node last ran an epoch in
         self.pids = {}

@@ -61,7 +61,9 @@ class Run:
                         "resumed_from": resume, "epochs": [], "status": "ok"}
         self.started = time.time()
         # durations from the monotonic clock: a wall clock stepped back
-        # mid-run must not make a run last a negative time
+        # mid-run must not make a run last a negative time.  The one start
+        # of the run: the epoch lines' elapsed, the done line and the end
+        # of metrics.jsonl all count from it
         self._began = time.monotonic()
         self.run_id = f"{self.started:.3f}-{os.getpid()}"
         self.metrics_log = None
@@ -126,7 +128,6 @@ class Run:
         if opts.session.kind == "ray" and opts.session.ray_address:
             kwargs["address"] = opts.session.ray_address
         progress = self._header(session_class, kwargs)
-        started = time.monotonic()
         session = session_class(**kwargs)
         self._open_metrics(kwargs)
         try:
@@ -136,7 +137,8 @@ class Run:
                 Usage(session, self.nodes), progress, self.summary,
                 self.resume, of=self.values.get("epochs"), verbose=opts.verbose,
                 session=session, metrics_log=self.metrics_log,
-                run_id=self.run_id, restarts=self._restarts)
+                run_id=self.run_id, restarts=self._restarts,
+                started=self._began)
             self.runner = JobRunner(
                 self.job, self.manager, resume_from_epoch=self.resume,
                 max_restarts=self.max_restarts,
@@ -153,7 +155,7 @@ class Run:
             return self._error(exc)
         finally:
             session.close()
-        return self._done(last, time.monotonic() - started, progress)
+        return self._done(last, time.monotonic() - self._began, progress)
 
     def _on_epoch(self, report):
         """An epoch and its checkpoint are done: show and log it, then
@@ -200,7 +202,7 @@ class Run:
             "options": json_safe(options),
             "conditions": [str(c) for c in kwargs.get("conditions") or ()]})
 
-    def _end_metrics(self, status, last=None, error=None):
+    def _end_metrics(self, status, last=None, error=None, seconds=None):
         if self.metrics_log is None:
             return
         if self.watch is not None:
@@ -208,7 +210,8 @@ class Run:
         self.metrics_log.write({
             "kind": "end", "run": self.run_id, "time": time.time(),
             "status": status, "last_epoch": last,
-            "seconds": time.monotonic() - self._began, "error": error})
+            "seconds": time.monotonic() - self._began if seconds is None
+            else seconds, "error": error})
         self.metrics_log.close()
         self.metrics_log = None
 
@@ -389,7 +392,7 @@ class Run:
             restarts=[{"resumed_from": e, "error": m}
                       for e, m in runner.result.restarts])
         self._add_pids()
-        self._end_metrics("ok", last)
+        self._end_metrics("ok", last, seconds=seconds)
         progress.line(self.watch.done_line(last, seconds, self.directory)
                       + self._unsaved_text(last))
         if self.opts.session.faults is not None:
