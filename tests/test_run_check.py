@@ -106,6 +106,44 @@ def test_check_of_a_job_with_state_outside_its_checkpoints_fails_and_replays(
     assert "JobCheckFailed" in again.stderr and "epoch 1" in again.stderr
 
 
+CHATTY = textwrap.dedent("""
+    import numpy as np
+    from localcluster import Job, Node, Task, epoch_limiter, ops
+
+    def say():
+        print("hello from the worker")
+
+    def build(epochs=2):
+        with Job() as job, Node("worker"):
+            with job.init_group, Task():
+                ops.Const(np.array(0.0), name="x")
+            with Task():
+                ops.Python(say)([], [])
+                ops.Add(["x", ops.Const(np.array(1.0))], ["x"])
+            epoch_limiter(job, epochs)
+        return job
+""")
+
+
+def test_check_verdicts_are_whole_lines_apart_from_what_the_job_prints(
+        tmp_path):
+    """The job's own prints went to stdout in the middle of a verdict
+    line (``sessions_agree ... hello from the worker``): they go to
+    stderr, and stdout holds whole verdict lines only."""
+    (tmp_path / "chatty.py").write_text(CHATTY)
+    done = run("--check", "sessions_agree,restart_recovers",
+               "--max-examples", "1", "--job",
+               f"{tmp_path / 'chatty.py'}:build")
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("checking ") and \
+        lines[-1] == "2 of 2 checks passed", lines
+    assert [line.split(" ... ")[0] for line in lines[1:-1]] == [
+        "  sessions_agree", "  restart_recovers"], lines
+    assert all(" ... ok (" in line for line in lines[1:-1]), lines
+    assert "hello from the worker" in done.stderr
+
+
 def test_check_names_only_known_checks():
     done = run("--check", "sessions_agree,bogus")
     assert done.returncode == 2 and "'bogus' is no check" in done.stderr

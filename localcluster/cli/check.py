@@ -6,12 +6,19 @@ line would train, prints a verdict per check and, for a failure, the
 counter-example and one line of Python that replays it.  Exit status 0
 when every check passed, 1 when one failed.
 
+The verdicts are whole lines on stdout, written as each check ends; what
+the job itself prints while it is checked (its nodes' output, over many
+runs) goes to stderr, so it never breaks a verdict line and stdout holds
+the verdicts alone.
+
 The embedded job runs its trainers with ``--threads 1`` under ``--check``
 unless ``--threads`` is given: hogwild threads make its results depend on
 timing by design, which every check would rightly report.
 """
 
+import contextlib
 import logging
+import sys
 import time
 
 from .conditions import session_options
@@ -86,21 +93,22 @@ def run_checks(opts, out):
     out.write(f"checking {build.spec} ({', '.join(c.__name__ for c in chosen)})"
               "\n")
     failed = 0
+    out.flush()
     for check in chosen:
         name = check.__name__
-        out.write(f"  {name} ... ")
-        out.flush()
         start = time.monotonic()
         try:
-            C.run_one(check, build, given)
+            with contextlib.redirect_stdout(sys.stderr):  # the job's prints
+                C.run_one(check, build, given)
         except C.JobCheckFailed as exc:
             failed += 1
-            out.write(f"FAILED ({time.monotonic() - start:.1f} s)\n"
+            out.write(f"  {name} ... FAILED ({time.monotonic() - start:.1f} "
+                      f"s)\n"
                       f"    {exc.message}\n"
                       f"    counter-example: {exc.counterexample}\n"
                       f"    replay: {exc.replay}\n")
         else:
-            out.write(f"ok ({time.monotonic() - start:.1f} s)\n")
+            out.write(f"  {name} ... ok ({time.monotonic() - start:.1f} s)\n")
         out.flush()
     out.write(f"{len(chosen) - failed} of {len(chosen)} checks passed\n")
     return 1 if failed else 0
