@@ -244,6 +244,10 @@ def test_conditioned_runs_leave_nothing_behind(localhost):
     ([Link("reader", "nomatch_*")], ["'nomatch_*'", "pattern",
                                      "matches no node"]),
     ([Slowdown("ps*", 2)], ["'ps*'", "matches no node"]),
+    ([Slowdown("trainer_99", 2)], [
+        "Slowdown(node='trainer_99', factor=2): the node 'trainer_99' "
+        "matches no node of the job"]),   # was "the node node 'trainer_99'"
+    ([Slowdown("trainer_9*", 2)], ["the node pattern 'trainer_9*' matches"]),
 ])
 def test_a_condition_naming_no_node_of_the_job_is_refused(local, conditions,
                                                           words):
@@ -252,6 +256,7 @@ def test_a_condition_naming_no_node_of_the_job_is_refused(local, conditions,
         session.run(transfer(2, size=10))
     for word in words:
         assert word in str(caught.value)
+    assert "node node" not in str(caught.value)
 
 
 def test_a_cluster_link_to_a_node_the_job_lacks_is_refused(local):

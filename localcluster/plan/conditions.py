@@ -203,8 +203,10 @@ def check_patterns(conditions, partitions, known):
     def check(pattern, owner, role):
         if not _matching(pattern, known):
             what = "pattern" if any(c in pattern for c in "*?[") else "node"
+            # a Slowdown's node is "the node 'x'", not "the node node 'x'"
+            named = what if role == what else f"{role} {what}"
             raise PlanError(
-                f"{owner}: the {role} {what} {pattern!r} matches no node of "
+                f"{owner}: the {named} {pattern!r} matches no node of "
                 f"the job (nodes: {shown}); name nodes the job has, or use a"
                 " pattern that matches them")
 
