@@ -98,6 +98,14 @@ class Reader:
         """Add ops reading one batch to ``read_net``; ``(stop, fields)``."""
         raise NotImplementedError
 
+    def at_end(self, net):
+        """Add ops to ``net`` telling, without reading, whether a read now
+        would find nothing left: a bool blob, or None when this reader
+        cannot tell without reading (a queue: whether more comes is its
+        writers' business).  A limited reader asks it as its limit is
+        reached, so data that ends with the limit counts as run out."""
+        return None
+
     def read_record(self, read_net):
         should_stop, fields = self.read(read_net)
         return should_stop, self._record(fields)
@@ -246,6 +254,10 @@ class _DatasetReader(Reader):
                                     batch_size=self.batch_size)
         return outs[0], list(outs[1:])
 
+    def at_end(self, net):
+        data = self.dataset.content().field_blobs()
+        return net.CursorAtEnd([self.cursor, data[0]]) if data else None
+
 
 class _DatasetWriter(Writer):
     def __init__(self, dataset):
@@ -278,6 +290,12 @@ class _Limited(Reader):
         init_net.ConstantFill([], [self._finished], value=False, dtype=bool)
         self.reader.setup_ex(init_net, finish_net)
         self.setup_limiter(init_net)
+        at_end = self.reader.at_end(finish_net)
+        if at_end is not None:
+            # the limit reached right where the data ends: the wrapped
+            # reader ran out too -- said as the reading task ends, not by
+            # one more, empty, run of it (asked once, not at every read)
+            finish_net.AtomicOr([self._finished, at_end])
 
     def setup_limiter(self, init_net):
         pass
@@ -285,6 +303,9 @@ class _Limited(Reader):
     def limit_reached(self, net):
         """Add ops to ``net``; returns a bool blob: stop now."""
         raise NotImplementedError
+
+    def at_end(self, net):
+        return self.reader.at_end(net)
 
     def read_ex(self, local_init_net, local_finish_net):
         check = Net("limit")
@@ -367,6 +388,9 @@ class ReaderWithDelay(Reader):
     def setup_ex(self, init_net, finish_net):
         self.reader.setup_ex(init_net, finish_net)
 
+    def at_end(self, net):
+        return self.reader.at_end(net)
+
     def read_ex(self, local_init_net, local_finish_net):
         wait = Net("delay")
         wait.Sleep([], [], seconds=self.delay)
@@ -390,6 +414,15 @@ class CompositeReader(Reader):
     def setup_ex(self, init_net, finish_net):
         for reader in self.readers:
             reader.setup_ex(init_net, finish_net)
+
+    def at_end(self, net):
+        # it stops as soon as one of its readers does
+        found = None
+        for reader in self.readers:
+            end = reader.at_end(net)
+            if end is not None:
+                found = end if found is None else net.Or([found, end])
+        return found
 
     def read_ex(self, local_init_net, local_finish_net):
         stop = local_init_net.ConstantFill([], value=False, dtype=bool)

@@ -98,6 +98,9 @@ class ProcessingReader(Reader):
     def setup_ex(self, init_net, finish_net):
         self.reader.setup_ex(init_net, finish_net)
 
+    def at_end(self, net):
+        return self.reader.at_end(net)
+
     def read_ex(self, local_init_net, local_finish_net):
         nets, should_stop, record = self.reader.read_record_ex(
             local_init_net, local_finish_net)

@@ -245,6 +245,24 @@ def test_a_truncated_checkpoint_is_skipped_when_resuming(session, tmp_path):
         session.run(checkpoint.load(4))
 
 
+@pytest.mark.parametrize("values, epochs", [(12, 4), (10, 4), (3, 1)])
+def test_data_that_ends_with_an_epoch_trains_no_empty_epoch(session, values,
+                                                             epochs):
+    """ReaderWithLimit.data_finished() turned true one empty epoch late
+    when the data ended exactly at an epoch's limit: 4 epochs of data
+    trained 5, the last reading nothing."""
+    with Job() as job, Node("trainer_0"):
+        with job.init_group, Task():
+            reader = Dataset({"val": np.arange(values)}, name="d").reader()
+            ops.Const(np.array([0]), name="read")
+        limited = ReaderWithLimit(reader, num_iter=3)
+        pipe(limited, processor=lambda rec: ops.Add(
+            ["read", ops.Const(np.array([1]))], ["read"]) and None)
+        job.add_stop_condition(limited.data_finished())
+    assert JobRunner(job).train(session) == epochs
+    assert session.fetch_blob("read", "trainer_0").tolist() == [values]
+
+
 def test_bad_runner_arguments_are_refused():
     job, _ = build_job()
     with pytest.raises(PlanError, match="on_checkpoint_error"):

@@ -119,7 +119,8 @@ def count_records(rec):
 
 
 @pytest.mark.parametrize("num_iter,read,finished", [
-    (None, 100, True), (0, 0, False), (10, 10, False), (110, 100, True)])
+    (None, 100, True), (0, 0, False), (10, 10, False), (110, 100, True),
+    (100, 100, True)])   # the limit at the data's very end: ran out too
 def test_reader_with_limit(session, num_iter, read, finished):
     with TaskGroup(WorkspaceType.GLOBAL) as init:
         with Node("local"), Task():

@@ -121,6 +121,14 @@ def read_dataset(ctx, cursor, *data, batch_size=1):
     return (np.array(False),) + tuple(d[start:end].copy() for d in data)
 
 
+@register_op("CursorAtEnd", context=True)
+def cursor_at_end(ctx, cursor, data):
+    """Whether a dataset read at ``cursor`` would find nothing left of
+    ``data`` (its first column) -- asked without reading."""
+    with ctx.lock:
+        return np.array(int(cursor) >= len(data))
+
+
 @register_op("AppendDataset", min_outputs=1, max_outputs=None, atomic=True)
 def append_dataset(*data_and_fields):
     """New data blobs: each data blob with its field's rows appended.
