@@ -110,9 +110,7 @@ class QueueChannels:
             self._collect()
         channels = {}
         for queue, use in sorted(shared.items()):
-            # one lock for all ends when several nodes write or read it
-            key = (use.capacity, len(use.writer_nodes) > 1 or
-                   len(use.reader_nodes) > 1)
+            key = _kind(use)
             by_kind = self._parts.setdefault(queue, {})
             parts = by_kind.get(key)
             if parts is None:
@@ -123,9 +121,9 @@ class QueueChannels:
 
     def missing(self, shared):
         """How many of the cross-node queues ``shared`` (``{queue id:
-        capacity}``) have no channel yet (each one a run would make)."""
-        return sum(1 for queue, capacity in shared.items()
-                   if capacity not in self._parts.get(queue, ()))
+        SharedQueue}``) have no channel yet (each one a run would make)."""
+        return sum(1 for queue, use in shared.items()
+                   if _kind(use) not in self._parts.get(queue, ()))
 
     def options_for(self, node, options):
         """The RUN options of ``node``: ``options``, with the prefixes of
@@ -180,3 +178,10 @@ class QueueChannels:
         self._named.clear()
         self._users.clear()
         self._drops.clear()
+
+
+def _kind(use):
+    """What a queue's channel is made for: ``(capacity, shared lock)`` --
+    one lock for all its ends when several nodes write or read it."""
+    return use.capacity, len(use.writer_nodes) > 1 or \
+        len(use.reader_nodes) > 1
