@@ -101,7 +101,7 @@ def _watcher(proc):
     """A LocalHostScheduler's node watcher (gone with its scheduler: the
     plugin's leftover check still counts it)."""
     try:
-        return "node watcher" in " ".join(proc.cmdline())
+        return any(arg.endswith("_groupwatch.py") for arg in proc.cmdline())
     except psutil.Error:
         return False
 

@@ -6,173 +6,70 @@ parent-death signal, pipe EOF: `_plumbing.end_own_group`) -- but that is
 Python code in the node, and a node inside native code that holds the
 interpreter (a long C call of a user's op) runs none of it until the call
 returns: it, and what it started, would outlive a SIGKILLed master by as
-long.  The watcher does not depend on the node: a small process forked
-from the master when the scheduler starts its first node, in a process
-group of its own (a Ctrl-C at the terminal is not for it), holding only
-the read end of a pipe from the master.  The master writes ``+<pid>``
+long.  The watcher does not depend on the node: a `_watcher` script
+started with the scheduler's first node.  The master tells it ``+<pid>``
 when a node starts -- a node leads its own group -- and ``-<pid>`` when it
-is reaped; when the pipe ends without a goodbye (the master died, by
-SIGKILL too: the kernel closes its end), the watcher SIGKILLs every node
-group it was told of and removes the master's shared-memory segments,
-then exits.  `close` says goodbye and reaps it.
+is reaped; when the pipe ends without ``bye`` (the master died), the
+watcher SIGKILLs every node group it was told of and removes the master's
+shared-memory entries (``<prefix>...``, ``sem.<prefix>...``), then exits.
+`GroupWatcher.close` says goodbye and reaps it.
 
-The pipe's write end is the master's alone: a forked node closes it with
-the master's other ends (`MASTER_ENDS`), a process forked from the master
-otherwise closes it at once (an at-fork hook), so that only the master's
-death ends the pipe.  The watcher itself runs nothing but system calls
-after the fork (no logging, no locks another thread could have held).
+Run as a script (the watcher's side) this file uses the standard library
+alone.
 """
 
 import os
 import signal
-import time
-import weakref
+import sys
 
-from ..runtime import shm
-from ._plumbing import MASTER_ENDS
-from ._title import _spt
+try:  # the master's side, in the package
+    from ._watcher import WatcherProcess
+except ImportError:  # run as the watcher script: its side needs none of it
+    WatcherProcess = None
 
 __all__ = ["GroupWatcher"]
 
-#: seconds `close` waits for the watcher to exit after the goodbye
+#: seconds `GroupWatcher.close` waits for the watcher to exit
 REAP_WAIT = 2.0
 
-_BYE = b"bye\n"
-
-#: write ends of this process's watchers, closed in any forked child
-_WRITE_ENDS = weakref.WeakSet()
-
-
-class _End:
-    """The pipe's write end, as `MASTER_ENDS` holds ends (``close``)."""
-
-    def __init__(self, fd):
-        self.fd = fd
-
-    def fileno(self):
-        return self.fd
-
-    def close(self):
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
-def _close_in_child():
-    for end in list(_WRITE_ENDS):
-        end.close()
-
-
-os.register_at_fork(after_in_child=_close_in_child)
+_BYE = "bye"
 
 
 class GroupWatcher:
     """The master's side of one scheduler's watcher (see the module
-    docstring)."""
+    docstring); started with the first node."""
 
-    def __init__(self, prefix):
-        self._prefix = prefix
-        self._end = None
-        self._pid = None
+    def __init__(self, prefix, shm_dir):
+        self._watcher = WatcherProcess(__file__, prefix, shm_dir)
+        self._started = False
 
     def add(self, pid):
         """Node ``pid`` (the leader of its group) started."""
-        if self._end is None:
-            self._start()
-        self._say(b"+%d\n" % pid)
+        if not self._started:
+            self._watcher.start()
+            self._started = True
+        self._watcher.say(f"+{pid}")
 
     def remove(self, pid):
         """Node ``pid`` was reaped: its group id may be reused."""
-        if self._end is not None:
-            self._say(b"-%d\n" % pid)
+        self._watcher.say(f"-{pid}")
 
     def close(self):
-        """Goodbye: the watcher exits without killing anything; reaped
-        (SIGKILLed if it does not go within `REAP_WAIT`)."""
-        end, pid = self._end, self._pid
-        if end is None:
-            return
-        self._say(_BYE)
-        MASTER_ENDS.discard(end)
-        _WRITE_ENDS.discard(end)
-        end.close()
-        self._end = self._pid = None
-        deadline = time.monotonic() + REAP_WAIT
-        while True:
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if done:
-                return
-            if time.monotonic() > deadline:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                except (ProcessLookupError, ChildProcessError):
-                    pass
-                return
-            time.sleep(0.005)
-
-    def _say(self, line):
-        try:
-            os.write(self._end.fd, line)
-        except (OSError, AttributeError, TypeError):
-            pass   # the watcher is gone: nothing to tell
-
-    def _start(self):
-        master = os.getpid()
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the watcher
-            try:
-                _watch(r, self._prefix, master)
-            finally:
-                os._exit(0)
-        os.close(r)
-        self._pid = pid
-        self._end = _End(w)
-        MASTER_ENDS.add(self._end)
-        _WRITE_ENDS.add(self._end)
+        """Goodbye: the watcher exits without killing anything."""
+        self._watcher.stop(_BYE, REAP_WAIT)
 
 
-def _watch(r, prefix, master):
-    """The watcher's life: read the master's lines until the pipe ends."""
-    os.setpgid(0, 0)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
-                signal.SIGUSR1, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_IGN)
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        if fd != r:
-            os.dup2(null, fd)
-    keep = sorted({0, 1, 2, r})
-    for low, high in zip(keep, keep[1:] + [os.sysconf("SC_OPEN_MAX")]):
-        os.closerange(low + 1, high)
-    if _spt is not None:
-        try:
-            _spt.setproctitle(f"localcluster: node watcher ({master})")
-        except Exception:  # noqa: BLE001 - a title is not worth dying for
-            pass
-    groups, pending = set(), b""
-    while True:
-        try:
-            chunk = os.read(r, 4096)
-        except InterruptedError:
-            continue
-        if not chunk:
-            break
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            if line == _BYE.strip():
+def main(prefix, shm_dir):
+    """The watcher: read the master's lines until the pipe ends."""
+    groups = set()
+    with os.fdopen(0, "rb") as master:
+        for line in master:   # until the master closes the pipe, or dies
+            line = line.decode().strip()
+            if line == _BYE:
                 return
-            if line[:1] == b"+":
+            if line[:1] == "+":
                 groups.add(int(line[1:]))
-            elif line[:1] == b"-":
+            elif line[:1] == "-":
                 groups.discard(int(line[1:]))
     # the master is gone without a goodbye
     for group in groups:
@@ -181,12 +78,16 @@ def _watch(r, prefix, master):
         except OSError:
             pass
     try:
-        for name in os.listdir(shm.SHM_DIR):
-            if name.startswith(prefix) or \
-                    name.startswith(shm.SEMAPHORE + prefix):
-                try:
-                    os.unlink(os.path.join(shm.SHM_DIR, name))
-                except OSError:
-                    pass
+        names = os.listdir(shm_dir)
     except OSError:
-        pass
+        return
+    for name in names:
+        if name.startswith(prefix) or name.startswith("sem." + prefix):
+            try:
+                os.unlink(os.path.join(shm_dir, name))
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

@@ -34,6 +34,8 @@ marked process ``ray.shutdown()`` left is killed, and the watcher exits.
 
 A Ray the session did not start (an address, or one already initialised
 in the process) has no watcher, and none of its processes is touched.
+The driver's side of the pipe is `_watcher.WatcherProcess`, as for the
+node groups' watcher (`_groupwatch`).
 """
 
 import contextlib
@@ -41,8 +43,12 @@ import os
 import secrets
 import select
 import signal
-import subprocess
 import sys
+
+try:  # the driver's side, in the package
+    from ._watcher import WatcherProcess
+except ImportError:  # run as the watcher script: its side needs none of it
+    WatcherProcess = None
 
 __all__ = ["RayWatcher", "MARK"]
 
@@ -62,19 +68,13 @@ class RayWatcher:
 
     def __init__(self):
         self.token = secrets.token_hex(8)
-        self._process = None
+        self._watcher = WatcherProcess(__file__, self.token)
 
     def __repr__(self):
-        pid = self._process.pid if self._process else None
-        return f"RayWatcher(pid={pid})"
+        return f"RayWatcher(pid={self._watcher.pid})"
 
     def start(self):
-        self._process = subprocess.Popen(
-            [sys.executable, "-I", "-S", os.path.abspath(__file__),
-             self.token],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True)
-        _started.append(self)
+        self._watcher.start()
         return self
 
     @contextlib.contextmanager
@@ -94,48 +94,11 @@ class RayWatcher:
     def tell(self, session_dir):
         """Ray's session directory (known once ``ray.init`` returns): its
         processes' output goes to log files there."""
-        self._process.stdin.write(f"session {session_dir}\n".encode())
-        self._process.stdin.flush()
+        self._watcher.say(f"session {session_dir}")
 
     def stop(self):
         """Let the watcher sweep and end (idempotent)."""
-        process, self._process = self._process, None
-        if process is None:
-            return
-        if self in _started:
-            _started.remove(self)
-        try:
-            process.stdin.write(b"stop\n")
-            process.stdin.flush()
-        except OSError:
-            pass   # it is gone: nothing to tell
-        process.stdin.close()
-        try:
-            process.wait(STOP_WAIT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(STOP_WAIT)
-
-    def _forget(self):
-        """In a forked child: close its copy of the pipe, which must
-        reach EOF when the driver goes."""
-        process, self._process = self._process, None
-        if process is not None:
-            process.stdin.close()
-            process.returncode = 0   # not this process's to wait for
-
-
-#: watchers this process started, whose pipe a forked child closes
-_started = []
-
-
-def _forget_all():
-    for watcher in list(_started):
-        watcher._forget()
-    _started.clear()
-
-
-os.register_at_fork(after_in_child=_forget_all)
+        self._watcher.stop("stop", STOP_WAIT)
 
 
 # -- the watcher process ----------------------------------------------------------

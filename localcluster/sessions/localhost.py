@@ -112,7 +112,7 @@ class LocalHostScheduler(Session):
         self._controls = ControlWords(f"{self._prefix}ctl")
         #: kills the node groups if this process dies (started with the
         #: first node)
-        self._watcher = GroupWatcher(self._prefix)
+        self._watcher = GroupWatcher(self._prefix, shm.SHM_DIR)
         shm.sweep_stale()
         if self.faults is not None:
             self._fault_book, self._fault_times = shared_book(
