@@ -63,10 +63,10 @@ class Queue:
         """Close the queue from ``net``: at once (a reader that has what
         it needs), or -- ``writer`` -- once this and every other writer of
         the queue in the run have ended."""
+        args = self._args()
         if writer:
-            net.CloseQueue([], [], writer=True, **self._args())
-        else:
-            net.CloseQueue([], [], **self._args())
+            args["writer"] = True
+        net.CloseQueue([], [], **args)
 
 
 class QueueReader(Reader):

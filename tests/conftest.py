@@ -11,6 +11,7 @@ descriptor behind.
 """
 
 import os
+import time
 
 import psutil
 import pytest
@@ -95,6 +96,27 @@ def child_processes():
     keep = RAY["own"] | (pool.pids() if pool is not None else set())
     return [p for pid, p in live_children().items()
             if pid not in keep and not _watcher(p)]
+
+
+def running(proc):
+    """Not gone, and not a zombie waiting for whoever adopted it."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def kill_and_wait(master, procs, bound=10):
+    """SIGKILL ``master``; ``(seconds until none of procs ran, those still
+    running after ``bound`` seconds)``."""
+    master.kill()
+    master.wait(10)
+    start = time.monotonic()
+    alive = list(procs)
+    while alive and time.monotonic() - start < bound:
+        alive = [p for p in alive if running(p)]
+        time.sleep(0.01)
+    return time.monotonic() - start, alive
 
 
 def _watcher(proc):

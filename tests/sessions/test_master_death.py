@@ -13,6 +13,8 @@ import pytest
 from localcluster import LocalHostScheduler
 from localcluster.runtime import shm
 
+from conftest import kill_and_wait, running
+
 BUSY_MASTER = textwrap.dedent("""
     import functools, threading, time
     from localcluster import (LocalHostScheduler, Node, Task, TaskGroup,
@@ -40,27 +42,6 @@ BUSY_MASTER = textwrap.dedent("""
 CHILD_MASTER = BUSY_MASTER.replace(
     "functools.partial(time.sleep, 3600)",
     "functools.partial(__import__('subprocess').call, ['sleep', '3600'])")
-
-def running(proc):
-    """Not gone, and not a zombie waiting for whoever adopted it."""
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def kill_and_wait(master, procs, bound=10):
-    """SIGKILL ``master``; ``(seconds until none of procs ran, those still
-    running after ``bound`` seconds)``."""
-    master.kill()
-    master.wait(10)
-    start = time.monotonic()
-    alive = list(procs)
-    while alive and time.monotonic() - start < bound:
-        alive = [p for p in alive if running(p)]
-        time.sleep(0.01)
-    return time.monotonic() - start, alive
-
 
 def node_children(nodes, seconds=30):
     """The processes ``nodes`` started, once each started one."""

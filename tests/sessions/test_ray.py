@@ -24,6 +24,8 @@ from localcluster import (CheckpointError, CheckpointWarning,  # noqa: E402
 from localcluster.errors import BlobNotFoundError  # noqa: E402
 from localcluster.sessions.ray import ActorPool, RaySession  # noqa: E402
 
+from conftest import kill_and_wait, running  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def ray_instance():
@@ -530,13 +532,6 @@ RAY_DRIVER = textwrap.dedent("""
 """)
 
 
-def _running(proc):
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 @pytest.mark.timeout(240)
 def test_a_ray_the_session_started_dies_with_its_killed_driver(tmp_path):
     """Ray ties its head processes to their driver, not its raylet's
@@ -554,14 +549,7 @@ def test_a_ray_the_session_started_dies_with_its_killed_driver(tmp_path):
                 pass
         names = " ".join(p.name() for p in procs)
         assert "raylet" in names, (tmp_path / "stderr").read_text()[-3000:]
-        driver.kill()
-        driver.wait(10)
-        gone = time.monotonic()
-        left = procs
-        while left and time.monotonic() - gone < 10:
-            left = [p for p in left if _running(p)]
-            time.sleep(0.02)
-        took = time.monotonic() - gone
+        took, left = kill_and_wait(driver, procs)
         assert not left, f"Ray's processes outlived their driver: {left}"
         assert took < 2, f"Ray's processes took {took:.2f} s to die"
     finally:
@@ -570,5 +558,5 @@ def test_a_ray_the_session_started_dies_with_its_killed_driver(tmp_path):
             driver.wait(10)
         driver.stdout.close()
         for proc in procs:
-            if _running(proc):
+            if running(proc):
                 proc.kill()
