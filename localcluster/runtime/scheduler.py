@@ -105,11 +105,14 @@ class Scheduler:
     #: the executor calls `point` between ops
     switches = True
 
-    def __init__(self, schedule, start_ns=0, on_idle=None):
+    def __init__(self, schedule, start_ns=0, on_idle=None, run=0,
+                 estimate=None):
         self.schedule = schedule
         self._op_ns = schedule.op_ns
         self._measured = schedule.op_seconds == "measured"
-        self._chooser = schedule.chooser()
+        self._chooser = schedule.chooser(run, estimate)
+        self._ran = None      # the branch that had the baton last
+        self._op_sum = self._op_count = 0   # measured op costs, ns
         self._lock = threading.Lock()
         self._branches = {}   # live branches by name
         self._current = None  # the branch holding the baton
@@ -185,6 +188,18 @@ class Scheduler:
         """The decisions made so far (branch names)."""
         return self._chooser.decisions
 
+    @property
+    def switched(self):
+        """``(decision, branch)`` of the decisions a non-preemptive
+        schedule would not have made (see `Schedule.switches`)."""
+        return self._chooser.switched
+
+    @property
+    def preemptions(self):
+        """How many decisions so far switched away from a branch that
+        could have gone on."""
+        return self._chooser.preemptions
+
     def add(self, name, slowdown=1.0):
         """A root branch (a node, whose ops take ``slowdown`` times as
         long), before `kick` starts the run."""
@@ -240,8 +255,20 @@ class Scheduler:
     def _charge(self, me):
         """With measured op costs: the real time ``me`` ran since it got
         the baton, times its slowdown, onto its clock (lock held)."""
+        self._ran = me.name
         if self._measured and me.since:
-            me.t += int((time.perf_counter_ns() - me.since) * me.slowdown)
+            cost = time.perf_counter_ns() - me.since
+            self._op_sum += cost
+            self._op_count += 1
+            me.t += int(cost * me.slowdown)
+
+    def _window(self, name):
+        """One op's cost on branch ``name``, in ns: branches that could
+        start within it of the earliest are the schedule's choice."""
+        slowdown = self._branches[name].slowdown
+        if self._measured:
+            return int(self._op_sum / max(self._op_count, 1) * slowdown)
+        return int(self._op_ns * slowdown)
 
     def _enter(self, branch):
         self._local.branch = branch
@@ -305,14 +332,17 @@ class Scheduler:
             if alarm is not None and alarm <= key:
                 self._fire_alarms(alarm)   # at its own time, not later
                 return
-            tied = sorted(n for n, (k, _) in keys.items() if k == key)
+            first = min(n for n, (k, _) in keys.items() if k == key)
+            within = key + self._window(first)
+            tied = sorted(n for n, (k, _) in keys.items() if k <= within)
             name = self._choose(tied)
             if name is None:
                 return
+            at = keys[name][0]
             branch = self._current = self._branches[name]
             branch.timed_out = keys[name][1]
-            branch.t = max(branch.t, key)
-            self._ns = max(self._ns, key)
+            branch.t = max(branch.t, at)
+            self._ns = max(self._ns, at)
             branch.cond.notify()
             return
         if not self._branches:
@@ -330,7 +360,7 @@ class Scheduler:
         if len(ready) == 1 or self.failure is not None:
             return ready[0]  # no choice, or draining a failed run
         try:
-            return self._chooser.choose(ready)
+            return self._chooser.choose(ready, self._ran)
         except ScheduleDivergedError as exc:
             self.failure = exc
             self._on_idle()

@@ -194,12 +194,16 @@ def run_scheduled_node(sched, branch, cancel_run, runtime, rid, plan,
 def run_scheduled(session, plans, rid, channels, trace, timeout):
     """Run ``plans`` under ``session``'s schedule; ``{node: outputs}``.
 
-    Sets ``session.last_schedule`` (the decisions) and moves the session's
+    Sets ``session.last_schedule`` (the decisions), appends them to
+    ``session.schedule_log`` and moves the session's
     virtual clock on, whatever the run's outcome."""
     nodes = [p.node for p in plans]
     io = ScheduledRunIO(session, timeout, nodes, rid, session._virtual_ns)
-    sched = io.sched = Scheduler(session.schedule, session._virtual_ns,
-                                 on_idle=io.tick)
+    key = tuple((p.node, p.step.name) for p in plans)
+    sched = io.sched = Scheduler(
+        session.schedule, session._virtual_ns, on_idle=io.tick,
+        run=len(session.schedule_log),
+        estimate=session._decision_counts.get(key))
     runtimes = {node: session._runtime(node) for node in nodes}
 
     def cancel_run():
@@ -226,6 +230,14 @@ def run_scheduled(session, plans, rid, channels, trace, timeout):
         raise
     finally:
         session.last_schedule = list(sched.decisions)
+        session.schedule_log.append(session.last_schedule)
+        session.last_preemptions = sched.preemptions
+        session.schedule_preemptions += sched.preemptions
+        run = len(session.schedule_log) - 1
+        session.schedule_switches.extend(
+            (run, index, name) for index, name in sched.switched)
+        session._decision_counts[key] = max(
+            len(sched.decisions), session._decision_counts.get(key, 0))
         end = sched.end_ns()
         session.last_run_simulated_seconds = (end - io._v0) / 1e9
         session._virtual_ns = end

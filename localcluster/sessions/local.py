@@ -79,6 +79,16 @@ class LocalSession(Session):
         #: under a schedule, the decisions of the last run (branch names),
         #: for ``Schedule.replay``; None without a schedule
         self.last_schedule = None
+        #: under a schedule, every run's decisions since the schedule was
+        #: set, for ``Schedule.replay`` of a whole training
+        self.schedule_log = []
+        #: how many of the last run's decisions were preemptions, and of
+        #: every run's since the schedule was set
+        self.last_preemptions = self.schedule_preemptions = 0
+        #: ``[(run, decision, branch)]`` since the schedule was set: the
+        #: `Schedule.switches` that repeats those runs
+        self.schedule_switches = []
+        self._decision_counts = {}   # plan -> decisions its runs made
         self._virtual_ns = 0
         self._runtimes = {}
         self._workers = {}
@@ -112,6 +122,9 @@ class LocalSession(Session):
                 "a session runs under a schedule or not for its whole life; "
                 "open a new LocalSession(schedule=...) instead")
         self._schedule = value
+        # runs count from 0 under the new one
+        self.schedule_log, self.schedule_switches = [], []
+        self.schedule_preemptions = 0
 
     def node_pids(self):
         """``{node: pid}`` of every node this session has started: all
