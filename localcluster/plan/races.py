@@ -487,9 +487,14 @@ def _races(walk, order):
         if not any(e.writes for e in events):
             continue
         scope = events[0].scope
-        for i, a in enumerate(events):
-            for b in events[i:]:
-                if not (a.writes or b.writes) or (a.atomic and b.atomic):
+        for a in events:
+            if not a.writes:
+                continue
+            for b in events:
+                # each pair once: a writer with every reader, and with
+                # every writer from itself on (itself: two instances)
+                if (b.writes and b.order < a.order) or (a.atomic and
+                                                        b.atomic):
                     continue
                 where = order.fork(a, b, scope)
                 if where is None:
