@@ -194,6 +194,7 @@ def test_pipe_threads_adding_to_one_blob_race(threads):
         ops.Const(0.0, blob_out="total")
     with TaskGroup() as group, Node("a"):
         pipe(reader, processor=_add_to_total, name="adder", **threads)
+    assert races(init) == []
     [race] = races(group)
     assert race.blob == "total"
     assert race.first.mode == race.second.mode == "reads and writes"
@@ -438,6 +439,19 @@ def test_a_task_alone_runs_as_a_group_of_just_it():
             ops.Add(["k", ops.Const(1.0)], ["k"])
     [race] = races(task)
     assert race.blob == "k" and race.first.task == "n/alone"
+
+
+def test_the_atomic_table_names_ops_that_take_the_node_lock():
+    """`ATOMIC` mirrors the kernels: each op it names is registered, takes
+    the node's context (its lock) and has the input it names."""
+    from localcluster.kernels import registry
+    from localcluster.plan.races import ATOMIC
+    for op_type, inputs in ATOMIC.items():
+        schema = registry.lookup(op_type)
+        assert schema is not None and schema.context, op_type
+        assert max(inputs) < schema.inputs[0], op_type
+    for op_type in ("CreateCursor", "AppendDataset"):
+        assert registry.lookup(op_type).atomic
 
 
 def test_races_of_something_else_is_a_type_error():
