@@ -501,3 +501,19 @@ def test_a_blob_nothing_writes_still_says_to_check_the_order():
         "blob 'ghost' not found on node 'n'; nothing wrote it before it was "
         "read: check the order of your ops, or feed it with "
         "session.feed_blob")
+
+
+def test_a_node_process_names_the_concurrent_writer_too(localhost_scheduler):
+    """The hint is worked out where the op fails -- in the node's own
+    process, from the plan it was sent."""
+    with TaskGroup() as group, Node("src"), Task(name="make"):
+        ops.Sleep([], [], seconds=5.0)    # the pipe reads long before
+        dataset = Dataset({"v": np.arange(3.0)}, name="ds")
+        pipe(dataset.reader(), Queue(4), name="feed")
+    with pytest.raises(TaskFailedError) as info:
+        localhost_scheduler.run(group, timeout=30)
+    assert info.value.task == "src/feed"
+    assert ("blob 'ds/v' not found on node 'src'; it is written only by op "
+            "GivenTensorFill #1 of net 'src/make' (task 'src/make', step "
+            "'src/make'), in task 'src/make', which runs concurrently with "
+            "this op, in task 'src/feed'") in str(info.value)
