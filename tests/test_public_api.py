@@ -49,7 +49,8 @@ def test_the_testing_kit_exports_what_its_contract_names():
         "DeadlockError",
         "ScheduleDivergedError", "check_job", "sessions_agree",
         "resume_equals_uninterrupted", "restart_recovers",
-        "schedule_independent", "ALL_CHECKS", "JobCheckFailed"}
+        "schedule_independent", "ALL_CHECKS", "JobCheckFailed", "races",
+        "Race"}
     for name in kit.__all__:
         assert hasattr(kit, name), name
     assert issubclass(kit.JobCheckFailed, AssertionError)

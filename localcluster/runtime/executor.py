@@ -44,6 +44,7 @@ from ..errors import (BlobNotFoundError, Cancelled, TaskFailedError,
                       first_error)
 from ..kernels import registry
 from ..kernels.registry import OpContext
+from ..plan.races import missing_blob_hint
 from .cancel import CancelEvent
 from .clock import REAL_TIME
 from .current import inherit
@@ -88,6 +89,10 @@ class RunContext:
         #: before the first run, since compiled ops bind it
         self.faults = None
         self.fault_steps = None   # step names a fault names, or None
+        #: the node's whole step of the run in progress (set by
+        #: `localcluster.runtime.node.run_node_plan`): what a missing
+        #: blob's error looks its writers up in
+        self.root_step = None
 
     def begin(self, trace=False, clock=None):
         self.cancelled.clear()
@@ -231,8 +236,11 @@ def _run_net(net, code, get, put, ws, rc, task, step, first=0):
         except Cancelled:
             raise
         except Exception as exc:
-            raise _fail(rc, _missing_blob(exc, ws, code[index][1]), task,
-                        step, net, first + index) from exc
+            cause = _missing_blob(exc, ws, code[index][1], rc, net,
+                                  first + index)
+            if cause is not exc:
+                cause.__cause__ = exc
+            raise _fail(rc, cause, task, step, net, first + index) from cause
 
 
 def _run_net_switching(net, code, get, put, ws, rc, task, step):
@@ -249,15 +257,32 @@ def _run_net_switching(net, code, get, put, ws, rc, task, step):
 _LENDS = object()
 
 
-def _missing_blob(exc, ws, inputs):
-    """A bare KeyError of the store's lookup, as the error it means."""
-    if type(exc) is KeyError and exc.args and exc.args[0] in inputs and \
-            not ws.has(exc.args[0]):
-        return BlobNotFoundError(
-            exc.args[0], ws.node,
-            "nothing wrote it before it was read: check the order of your "
-            "ops, or feed it with session.feed_blob")
-    return exc
+#: what a missing blob's error suggests when no concurrent branch is to blame
+NOT_WRITTEN = ("nothing wrote it before it was read: check the order of "
+               "your ops, or feed it with session.feed_blob")
+
+
+def _missing_blob(exc, ws, inputs, rc, net, index):
+    """A bare KeyError of the store's lookup, or a child workspace's
+    `BlobNotFoundError`, as the error it means: a blob op ``index`` of
+    ``net`` reads and nothing wrote -- naming the op that writes it when
+    that op runs concurrently with this one (`missing_blob_hint`, worked
+    out once per plan, only when a blob is missing)."""
+    if type(exc) is KeyError and exc.args:
+        name = exc.args[0]
+    elif type(exc) is BlobNotFoundError:
+        name = exc.blob
+    else:
+        return exc
+    if name not in inputs or ws.has(name):
+        return exc
+    hint = None
+    if rc.root_step is not None:
+        try:
+            hint = missing_blob_hint(rc.root_step, rc.node, net, index, name)
+        except Exception:   # noqa: BLE001 - a hint never hides the error
+            log.debug("no hint for missing blob %r", name, exc_info=True)
+    return BlobNotFoundError(name, ws.node, hint or NOT_WRITTEN)
 
 
 def _stopped(name, ws):

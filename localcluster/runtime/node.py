@@ -21,6 +21,7 @@ __all__ = ["run_node_plan"]
 def run_node_plan(plan, workspace, rc, copy_outputs=True):
     run_ws = (workspace.child() if plan.workspace_type is WorkspaceType.PRIVATE
               else workspace)
+    rc.root_step = plan.step
     execute(plan.step, run_ws, rc)
     outputs = {}
     for name in plan.outputs:

@@ -17,6 +17,11 @@
   `Link` and `Slowdown` values, or a strategy drawing them) they also
   check that the job's result does not depend on the cluster's
   conditions.
+- Static race analysis: `races` of a Job, TaskGroup or Task lists the
+  `Race`s of its plan -- a blob two concurrent branches of a node use,
+  one writing, with no atomic op, setup/exit net or queue ordering them
+  -- each naming the blob, the node and both ops; a job's intended races
+  are its options' ``allow_races=("blob", ...)``.
 - Hypothesis strategies drawing task groups and jobs with the values a
   reference model predicts, fault plans, cluster conditions and schedule
   seeds: import
@@ -32,9 +37,11 @@ from ..plan.conditions import Link, Slowdown
 from ..plan.faults import (Delay, Epoch, FailCheckpoint, FaultPlan, Fired,
                            Hang, Kill, Op, Partition, Step)
 from ..runtime.schedule import Schedule
+from ._races import Race, races
 
 __all__ = ["FaultPlan", "Kill", "Hang", "Delay", "FailCheckpoint", "Epoch",
            "Op", "Step", "Partition", "Link", "Slowdown", "Fired", "Schedule", "DeadlockError",
            "ScheduleDivergedError", "check_job", "sessions_agree",
            "resume_equals_uninterrupted", "restart_recovers",
-           "schedule_independent", "ALL_CHECKS", "JobCheckFailed"]
+           "schedule_independent", "ALL_CHECKS", "JobCheckFailed", "races",
+           "Race"]
