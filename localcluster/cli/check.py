@@ -26,6 +26,7 @@ from .conditions import session_options
 from .jobspec import DEFAULT_JOB, UsageError, build_job, load_builder
 from .options import JobOptions
 from ..testing import checks as C
+from ..testing._check_runs import Runs
 
 __all__ = ["CommandLineJob", "run_checks", "CHECKS"]
 
@@ -84,6 +85,7 @@ def run_checks(opts, out):
         logging.getLogger("localcluster.job").setLevel(logging.ERROR)
     given = {"sessions": ("local", "localhost"),
              "max_examples": opts.max_examples,
+             "max_kills": opts.max_examples,
              "timeout": opts.session.timeout or 60}
     conditions = session_options(
         opts.session, opts.job.seed,
@@ -94,12 +96,24 @@ def run_checks(opts, out):
               "\n")
     failed = 0
     out.flush()
+    runs = Runs(build, max_epochs=None, timeout=given["timeout"])
+    given["_runs"] = runs     # the checks share their uninterrupted runs
+    try:
+        failed = _each(chosen, build, given, out)
+    finally:
+        runs.close()
+    out.write(f"{len(chosen) - failed} of {len(chosen)} checks passed\n")
+    return 1 if failed else 0
+
+
+def _each(chosen, build, given, out):
+    failed = 0
     for check in chosen:
         name = check.__name__
         start = time.monotonic()
         try:
             with contextlib.redirect_stdout(sys.stderr):  # the job's prints
-                C.run_one(check, build, given)
+                result = C.run_one(check, build, given)
         except C.JobCheckFailed as exc:
             failed += 1
             out.write(f"  {name} ... FAILED ({time.monotonic() - start:.1f} "
@@ -108,7 +122,18 @@ def run_checks(opts, out):
                       f"    counter-example: {exc.counterexample}\n"
                       f"    replay: {exc.replay}\n")
         else:
-            out.write(f"  {name} ... ok ({time.monotonic() - start:.1f} s)\n")
+            said = _said(result)
+            out.write(f"  {name} ... ok ({time.monotonic() - start:.1f} s"
+                      f"{said})\n")
         out.flush()
-    out.write(f"{len(chosen) - failed} of {len(chosen)} checks passed\n")
-    return 1 if failed else 0
+    return failed
+
+
+def _said(result):
+    """What a passed check ran, for its verdict line."""
+    parts = []
+    if getattr(result, "interleavings", 0):
+        parts.append(f"{result.interleavings} distinct interleavings")
+    if getattr(result, "kills", None):
+        parts.append(f"{result.kills[0]} of {result.kills[1]} kills")
+    return "".join(f", {p}" for p in parts)

@@ -77,7 +77,7 @@ PARK_WAKE = 1.0
 
 class _Branch:
     __slots__ = ("name", "state", "cond", "until", "deadline", "what", "t",
-                 "slowdown", "since", "woken", "held", "timed_out")
+                 "slowdown", "since", "woken", "held", "timed_out", "group")
 
     def __init__(self, name, lock, t, slowdown):
         self.name = name
@@ -92,6 +92,7 @@ class _Branch:
         self.woken = None     # the time its wait's condition first held
         self.held = False     # it waits for time with no end
         self.timed_out = False
+        self.group = None     # the `_Branches` it is one of
 
     def __repr__(self):
         return f"<branch {self.name!r} {self.state}>"
@@ -283,10 +284,17 @@ class Scheduler:
             branch.since = 0
             self._last = branch.t
             self._end = max(self._end, branch.t)
-            branch.state = DONE
-            self._branches.pop(branch.name, None)
+            self._done(branch)
             if self._current is branch:
                 self._pick()
+
+    def _done(self, branch):
+        """``branch`` has ended (lock held)."""
+        if branch.state is not DONE:
+            branch.state = DONE
+            if branch.group is not None:
+                branch.group.remaining -= 1
+        self._branches.pop(branch.name, None)
 
     def _wait(self, me, ready, timeout, what):
         """Park ``me`` until ``ready()`` or its timeout; True if it timed
@@ -326,13 +334,12 @@ class Scheduler:
         self._current = None
         keys = self._candidates()
         if keys:
-            key = min(k for k, _ in keys.values())
+            first, (key, _) = min(keys.items(), key=_earliest)
             alarm = min(a for a, _ in self._alarms) if self._alarms \
                 else None
             if alarm is not None and alarm <= key:
                 self._fire_alarms(alarm)   # at its own time, not later
                 return
-            first = min(n for n, (k, _) in keys.items() if k == key)
             within = key + self._window(first)
             tied = sorted(n for n, (k, _) in keys.items() if k <= within)
             name = self._choose(tied)
@@ -371,10 +378,15 @@ class Scheduler:
         branches that can go on."""
         found = {}
         for name, b in self._branches.items():
-            if b.state is READY:
+            state = b.state
+            if state is READY:
                 found[name] = (b.t, False)
-            elif b.state is WAITING:
-                if _holds(b.until):
+            elif state is WAITING:
+                try:
+                    holds = b.until()
+                except Exception:  # noqa: BLE001 - the waiter looks again
+                    holds = True
+                if holds:
                     if b.woken is None:
                         b.woken = max(b.t, self._last)
                     if b.deadline is not None and b.deadline < b.woken:
@@ -407,15 +419,13 @@ class Scheduler:
             "writes, reads and closes each queue", waiting=waiting)
 
 
+def _earliest(item):
+    """Order of candidates: by time, then by name."""
+    return item[1][0], item[0]
+
+
 def _ns(seconds):
     return max(0, int(round(float(seconds) * 1e9)))
-
-
-def _holds(until):
-    try:
-        return bool(until())
-    except Exception:  # noqa: BLE001 - the waiter looks again itself
-        return True
 
 
 class _Branches:
@@ -429,6 +439,7 @@ class _Branches:
         self._thread_name = thread_name
         self.children = []
         self.threads = []
+        self.remaining = 0   # children not ended yet
 
     def start(self):
         s = self._s
@@ -442,6 +453,9 @@ class _Branches:
                 else (s._ns, 1.0)
             self.children = [s._add(prefix + label, t, slow)
                              for label in self._labels]
+            for child in self.children:
+                child.group = self
+            self.remaining = len(self.children)
         for i, (child, fn) in enumerate(zip(self.children, self._fns)):
             t = threading.Thread(target=self._main, args=(child, fn),
                                  daemon=True, name=f"{self._thread_name}:{i}")
@@ -450,8 +464,7 @@ class _Branches:
             except BaseException:
                 with s._lock:
                     for c in self.children[i:]:
-                        c.state = DONE
-                        s._branches.pop(c.name, None)
+                        s._done(c)
                 raise
             self.threads.append(t)
 
@@ -465,7 +478,7 @@ class _Branches:
         s, children = self._s, self.children
         me = getattr(s._local, "branch", None)
         if me is not None and children:
-            s._wait(me, lambda: all(c.state is DONE for c in children), None,
+            s._wait(me, lambda: self.remaining == 0, None,
                     f"its branches {[c.name for c in children]} to end")
         for t in self.threads:
             t.join()  # each has left the schedule: it is ending now

@@ -30,18 +30,18 @@
 """
 
 from ..errors import DeadlockError, ScheduleDivergedError
-from .checks import (ALL_CHECKS, JobCheckFailed, check_job,
-                     restart_recovers, resume_equals_uninterrupted,
+from .checks import (ALL_CHECKS, CheckResult, JobCheckFailed, check_job,
+                     races, restart_recovers, resume_equals_uninterrupted,
                      schedule_independent, sessions_agree)
 from ..plan.conditions import Link, Slowdown
 from ..plan.faults import (Delay, Epoch, FailCheckpoint, FaultPlan, Fired,
                            Hang, Kill, Op, Partition, Step)
 from ..runtime.schedule import Schedule
-from ._races import Race, races
+from ._races import Race
 
 __all__ = ["FaultPlan", "Kill", "Hang", "Delay", "FailCheckpoint", "Epoch",
-           "Op", "Step", "Partition", "Link", "Slowdown", "Fired", "Schedule", "DeadlockError",
-           "ScheduleDivergedError", "check_job", "sessions_agree",
-           "resume_equals_uninterrupted", "restart_recovers",
-           "schedule_independent", "ALL_CHECKS", "JobCheckFailed", "races",
-           "Race"]
+           "Op", "Step", "Partition", "Link", "Slowdown", "Fired", "Schedule",
+           "DeadlockError", "ScheduleDivergedError", "check_job", "races",
+           "Race", "sessions_agree", "resume_equals_uninterrupted",
+           "restart_recovers", "schedule_independent", "ALL_CHECKS",
+           "JobCheckFailed", "CheckResult"]

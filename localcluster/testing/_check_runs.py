@@ -28,7 +28,7 @@ from ..sessions.kinds import installed_kinds
 from ..task import Node
 
 __all__ = ["SESSION_KINDS", "make_job", "final_blobs", "train", "Scratch",
-           "reference"]
+           "Runs", "Outcome"]
 
 #: session kind -> factory of a session taking ``faults=`` (ray: when
 #: the extra is installed; a check's Ray sessions share warm actors)
@@ -115,9 +115,120 @@ class Scratch:
         return os.path.join(self.path, f"{label}-{next(self._made)}")
 
 
-def reference(build, scratch, kind, **kw):
-    """``(final blobs, last epoch, options, checkpoint dir)`` of an
-    uninterrupted run under ``kind``."""
-    directory = scratch.sub(f"reference-{kind}")
-    with scratch.session(kind) as session:
-        return train(build, session, directory, **kw) + (directory,)
+class Outcome:
+    """How one run of a check ended: ``blobs`` and ``last`` (None when it
+    raised ``error``); under a schedule, the session's ``log``,
+    ``switches`` and ``preemptions``."""
+
+    __slots__ = ("label", "blobs", "last", "error", "log", "switches",
+                 "preemptions", "directory")
+
+    def __init__(self, label, directory):
+        self.label = label
+        self.directory = directory
+        self.blobs = self.last = self.error = None
+        self.log = self.switches = None
+        self.preemptions = 0
+
+    def key(self):
+        """The interleaving, as a value (two runs with one key ran alike)."""
+        return tuple(map(tuple, self.log or ()))
+
+
+class Runs:
+    """What the checks of one `check_job` call share: the scratch space,
+    the fresh-process helper, the job's options and truth, and the
+    uninterrupted runs each check compares with (made once)."""
+
+    def __init__(self, build, *, max_epochs=None, timeout=60,
+                 allow_nonfinite=False, invariant=None, expected=None):
+        from ._check_fresh import FreshProcesses, picklable
+        from ._check_verdicts import Truth
+        self.build = build
+        self.max_epochs = max_epochs
+        self.timeout = timeout
+        self.scratch = Scratch().__enter__()
+        self.fresh = FreshProcesses() if picklable(build) else None
+        job, self.options = make_job(build, max_epochs)
+        self.nodes = job.nodes_to_checkpoint()
+        self.truth = Truth(self.options, allow_nonfinite, invariant, expected)
+        self._references = {}
+        self.count = 0
+
+    def close(self):
+        try:
+            if self.fresh is not None:
+                self.fresh.close()
+        finally:
+            self.scratch.__exit__(None, None, None)
+
+    def job(self):
+        """A fresh job of ``build``, capped at ``max_epochs``."""
+        return make_job(self.build, self.max_epochs)[0]
+
+    def run(self, kind, label, **kwargs):
+        """Train once; an `Outcome` (what the run raised is kept in it)."""
+        return self.start(kind, label, **kwargs)()
+
+    def start(self, kind, label, *, schedule=None, conditions=None,
+              faults=None, resume=None, directory=None, max_restarts=0):
+        """Start a run (see `run`); a function returning its `Outcome`.
+
+        Every run is made in a fresh process (`._check_fresh`) when
+        ``build`` can cross and the kind is not ``ray``: no run sees what
+        another left in this process's memory, and this process can start
+        the next run meanwhile; else it runs here, now."""
+        from ._check_conditions import session_kwargs
+        self.count += 1
+        directory = directory or self.scratch.sub(kind)
+        out = Outcome(label, directory)
+        kwargs = session_kwargs(conditions)
+        if schedule is not None:
+            kwargs["schedule"] = schedule
+        if faults is not None:
+            kwargs["faults"] = faults
+        if self.fresh is not None and kind != "ray":
+            token = self.fresh.submit(
+                self.build, kind, kwargs, directory, resume=resume,
+                max_restarts=max_restarts, max_epochs=self.max_epochs,
+                timeout=self.timeout)
+
+            def collect():
+                got = self.fresh.collect(token)
+                out.blobs, out.last = got.get("blobs"), got.get("last")
+                out.error = got.get("error")
+                out.log, out.switches = got["log"], got["switches"]
+                out.preemptions = got["preemptions"]
+                return out
+            return collect
+        try:
+            with self.scratch.session(kind, **kwargs) as session:
+                try:
+                    out.blobs, out.last, _ = train(
+                        self.build, session, directory, resume=resume,
+                        max_epochs=self.max_epochs, timeout=self.timeout,
+                        max_restarts=max_restarts)
+                finally:
+                    if schedule is not None:
+                        out.log = [list(d) for d in session.schedule_log]
+                        out.switches = list(session.schedule_switches)
+                        out.preemptions = session.schedule_preemptions
+        except Exception as exc:  # noqa: BLE001 - the check judges it
+            out.error = exc
+        return lambda: out
+
+    def reference(self, kind, schedule=None):
+        """The uninterrupted run of ``kind`` (under ``schedule``), made
+        once per check_job."""
+        key = (kind, schedule)
+        if key not in self._references:
+            if schedule is None:
+                label = f"the uninterrupted run ({kind})"
+            elif schedule.switched == ():
+                label = "the run without preemptions"
+            else:
+                label = f"the uninterrupted run ({kind} under {schedule!r})"
+            self._references[key] = self.run(kind, label, schedule=schedule)
+        return self._references[key]
+
+

@@ -1,44 +1,144 @@
-"""How a job check judges a run and names a failure: where two runs'
-blobs differ, and one line of Python that replays the failing case.
+"""How a job check judges a run and names a failure: the user's truth
+(finite results, ``invariant=``, ``expected=``), where two runs' blobs
+differ, and one line of Python that replays the failing case.
 
-The checks (`localcluster.testing.checks`) call `difference` on the
-``{node: {blob: array}}`` two runs ended with (`._check_runs`) and, when
-it finds one, put it in a `JobCheckFailed` with `replay`'s line.  What
-crosses is plain values -- arrays, the options ``build()`` returned
-(``rtol``/``atol``), a check's name and keyword arguments -- so the
-verdict does not depend on which session ran what.  A replay line
-imports ``build`` by its module and name (or a value's
-``replay_import``) and the check and fault classes it names from
-`localcluster.testing`, so it runs as is in a fresh interpreter.
+The checks (`localcluster.testing.checks`) hand every run's
+``{node: {blob: array}}`` (`._check_runs`) to a `Truth`, which says what
+is wrong with it on its own -- a NaN or inf (unless ``allow_nonfinite``),
+an invariant's message, a blob unlike ``expected=`` -- and compare two
+runs with `difference`, which names each run by what made it
+(``"seed 3 (pct, depth 2)"``, ``"localhost"``): a disagreement says which
+run gave which value, never one of them as "expected", since either may
+be the buggy one.  A float difference says how large it is and the
+``rtol`` that would accept it.  A replay line imports ``build`` by its
+module and name (or a value's ``replay_import``) and the check, fault,
+condition and schedule classes it names from `localcluster.testing`, so
+it runs as is in a fresh interpreter.
 """
+
+import math
 
 import numpy as np
 
-__all__ = ["difference", "replay"]
+__all__ = ["Truth", "difference", "replay"]
 
 
-def difference(expected, got, options):
-    """One line saying where ``got`` differs from ``expected``, or None."""
-    rtol, atol = options.get("rtol"), options.get("atol")
-    for node in sorted(set(expected) | set(got)):
-        want, have = expected.get(node, {}), got.get(node, {})
-        if set(want) != set(have):
-            return (f"node {node!r} has blobs {sorted(have)}, expected "
-                    f"{sorted(want)}")
-        for name in sorted(want):
-            a, b = want[name], have[name]
-            if a.shape != b.shape or a.dtype != b.dtype:
-                return (f"blob {name!r} on node {node!r} is {b.dtype}"
-                        f"{list(b.shape)}, expected {a.dtype}{list(a.shape)}")
-            if (rtol is None and atol is None) or a.dtype.kind not in "fc":
-                same = np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
-            else:
-                same = np.allclose(a, b, rtol=rtol or 0.0, atol=atol or 0.0,
-                                   equal_nan=True)
-            if not same:
-                return (f"blob {name!r} on node {node!r} is {_short(b)}, "
-                        f"expected {_short(a)}")
+class Truth:
+    """What every run of a check must satisfy on its own."""
+
+    def __init__(self, options, allow_nonfinite=False, invariant=None,
+                 expected=None):
+        if invariant is not None and not callable(invariant):
+            raise TypeError(f"invariant= takes a function of {{node: {{blob:"
+                            f" array}}}} returning None or a message, got "
+                            f"{invariant!r}")
+        if expected is not None and not (isinstance(expected, dict) and all(
+                isinstance(v, dict) for v in expected.values())):
+            raise TypeError(f"expected= takes {{node: {{blob: value}}}}, got "
+                            f"{expected!r}")
+        self.options = options
+        self.allow_nonfinite = bool(allow_nonfinite or
+                                    options.get("allow_nonfinite"))
+        self.invariant = invariant
+        self.expected = expected
+
+    def judge(self, label, blobs):
+        """What is wrong with the blobs ``label`` ended with, or None."""
+        if not self.allow_nonfinite:
+            for node in sorted(blobs):
+                for name in sorted(blobs[node]):
+                    value = blobs[node][name]
+                    if value.dtype.kind in "fc" and not np.all(
+                            np.isfinite(value)):
+                        return (f"{label} ends with blob {name!r} on node "
+                                f"{node!r} = {_short(value)}: results must "
+                                "be finite (pass allow_nonfinite=True if NaN"
+                                " or inf is what the job means)")
+        if self.expected is not None:
+            for node in sorted(self.expected):
+                for name in sorted(self.expected[node]):
+                    want = np.asarray(self.expected[node][name])
+                    have = blobs.get(node, {}).get(name)
+                    if have is None:
+                        return (f"{label} ends without blob {name!r} on node"
+                                f" {node!r}, which expected= names")
+                    said = _unequal(want, have, self.options)
+                    if said:
+                        return (f"{label} ends with blob {name!r} on node "
+                                f"{node!r} = {_short(have)}, but expected= "
+                                f"says {_short(want)}{said}")
+        if self.invariant is not None:
+            said = self.invariant(blobs)
+            if said is not None:
+                return f"{label} breaks the invariant: {said}"
+        return None
+
+
+def difference(first, a, second, b, options):
+    """One line saying where the blobs ``a`` (of run ``first``) and ``b``
+    (of run ``second``) differ, or None."""
+    for node in sorted(set(a) | set(b)):
+        have_a, have_b = a.get(node, {}), b.get(node, {})
+        if set(have_a) != set(have_b):
+            return (f"on node {node!r} {first} ends with blobs "
+                    f"{sorted(have_a)} and {second} with {sorted(have_b)}")
+        for name in sorted(have_a):
+            x, y = have_a[name], have_b[name]
+            if x.shape != y.shape or x.dtype != y.dtype:
+                return (f"blob {name!r} on node {node!r} is {x.dtype}"
+                        f"{list(x.shape)} after {first} and {y.dtype}"
+                        f"{list(y.shape)} after {second}")
+            said = _unequal(x, y, options)
+            if said:
+                return (f"blob {name!r} on node {node!r} is {_short(x)} "
+                        f"after {first} and {_short(y)} after {second}"
+                        f"{said}")
     return None
+
+
+def _unequal(x, y, options):
+    """None if ``x`` and ``y`` are equal (within the options' tolerance),
+    else what a message adds about the difference ('' if nothing)."""
+    x, y = np.asarray(x), np.asarray(y)
+    if x.shape != y.shape:
+        return f" (shapes {list(x.shape)} and {list(y.shape)})"
+    rtol, atol = options.get("rtol"), options.get("atol")
+    floats = x.dtype.kind in "fc" or y.dtype.kind in "fc"
+    if (rtol is None and atol is None) or not floats:
+        same = np.array_equal(x, y, equal_nan=floats)
+    else:
+        same = np.allclose(x, y, rtol=rtol or 0.0, atol=atol or 0.0,
+                           equal_nan=True)
+    if same:
+        return None
+    if not floats or x.size == 0:
+        return ""
+    return _float_gap(x, y, rtol, atol)
+
+
+def _float_gap(x, y, rtol, atol):
+    """The size of a float difference and the rtol that would accept it."""
+    with np.errstate(all="ignore"):
+        both = np.isfinite(x) & np.isfinite(y)
+        if not np.array_equal(np.isfinite(x), np.isfinite(y)) or \
+                not both.any():
+            return " (one has NaN or inf where the other does not)"
+        gap = np.abs(x[both].astype(complex if x.dtype.kind == "c"
+                                    else float) - y[both])
+        scale = np.abs(y[both])
+        rel = np.where(scale > 0, gap / np.where(scale > 0, scale, 1),
+                       np.where(gap > 0, np.inf, 0))
+        worst_abs, worst_rel = float(gap.max()), float(rel.max())
+    said = (f" (largest absolute difference {worst_abs:.3g}, relative "
+            f"{worst_rel:.3g}")
+    if math.isfinite(worst_rel) and worst_rel > 0:
+        exp = math.floor(math.log10(worst_rel))
+        need = float(f"{math.ceil(worst_rel / 10 ** exp * 10) / 10}e{exp}")
+        now = "" if rtol is None and atol is None else \
+            f" instead of rtol={rtol}, atol={atol}"
+        said += (f"; rtol={need:g} in the options build() returns would "
+                 f"accept it{now}")
+    return said + ")"
 
 
 def _short(value):
@@ -66,6 +166,8 @@ def replay(check, build, **kwargs):
     for fault in kwargs.get("faults") or ():
         names += [type(fault).__name__, type(fault.at).__name__]
     names += [type(c).__name__ for c in kwargs.get("conditions") or ()]
+    if kwargs.get("schedules"):
+        names.append("Schedule")
     module, target = _name_of(build)
     head = f"import {module}; " if module else ""
     return (f"{head}from localcluster.testing import "

@@ -148,5 +148,50 @@ def conditions(nodes, max_links=2, slowdowns=True, *,
     jitter = _span("jitter", jitter)
     if bandwidth is not None:
         bandwidth = _span("bandwidth", bandwidth, positive=True)
-    return _conditions(names, max_links, max_slowdowns if slowdowns else 0,
-                       latency, jitter, bandwidth, max_slowdown)
+    max_slowdowns = max_slowdowns if slowdowns else 0
+    strategy = _conditions(names, max_links, max_slowdowns, latency, jitter,
+                           bandwidth, max_slowdown)
+    # the job checks draw from it with a generator of their own
+    strategy.draw_conditions = functools.partial(
+        _own_draw, names, max_links, max_slowdowns, latency, jitter,
+        bandwidth, max_slowdown)
+    return strategy
+
+
+def _own_draw(names, max_links, max_slowdowns, latency, jitter, bandwidth,
+              max_slowdown, rng, horizon=0.0):
+    """One list of conditions as `conditions` draws it, from ``rng`` (a
+    `random.Random`) alone; latencies reach up to twice ``horizon`` (the
+    plan's longest time constant) when that is past the given range."""
+    literal = [_literal(n) for n in names]
+    prefixes = sorted({_literal(n[:i + 1]) + "*" for n in names
+                       for i in range(1, len(n) - 1) if n[i] in "_-."})
+
+    def end(pool):
+        if rng.random() < 0.5 or not prefixes:
+            return rng.choice(pool)
+        return rng.choice(prefixes + ["*"])
+
+    def seconds(low, high):
+        first, last = math.ceil(low * 1e6), math.floor(high * 1e6)
+        return low if first > last else rng.randint(first, last) / 1e6
+
+    low, high = latency
+    if horizon and 2 * horizon > high:
+        high = 2 * horizon
+    drawn = []
+    for _ in range(rng.randint(0, max_links)):
+        src = end(literal)
+        dst = end([n for n in literal if n != src] or literal)
+        spread = seconds(*jitter)
+        speed = None
+        if bandwidth is not None and rng.random() < 0.5:
+            lo, hi = bandwidth
+            speed = min(max(float(f"{hi * (lo / hi) ** rng.random():.3g}"),
+                            lo), hi)
+        drawn.append(Link(src, dst, latency=seconds(low, high),
+                          bandwidth=speed, jitter=spread,
+                          seed=rng.randint(0, 2 ** 16) if spread else 0))
+    for _ in range(rng.randint(0, max_slowdowns)):
+        drawn.append(Slowdown(end(literal), rng.randint(1, max_slowdown)))
+    return drawn

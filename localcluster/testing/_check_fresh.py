@@ -1,0 +1,290 @@
+"""Runs in fresh Python processes: where the checks resume a job, so
+state it keeps outside its checkpoints (a module's global, a cache of a
+Python op) shows instead of surviving from an earlier run -- and where
+they run independent cases side by side, one per core.
+
+::
+
+    with FreshProcesses() as fresh:
+        token = fresh.submit(build, kind, session_kwargs, directory,
+                             resume=2, max_restarts=0, max_epochs=None,
+                             timeout=60)
+        outcome = fresh.collect(token)   # a dict, or raises what it raised
+
+One helper process is started with this process's ``sys.path`` (so
+``build``'s module imports there as it does here); it imports the
+package and nothing of the job, then forks one child per request, which
+unpickles ``build`` (importing its module afresh), trains and writes what
+it ended with -- or the exception it raised -- to a file; the helper
+reaps it and answers ``done <token>``.  Forking the single-threaded
+helper costs milliseconds where starting an interpreter costs most of a
+second, and every child starts from the same clean state.  Requests are
+framed (token, length, bytes) and unpickled only in the child.  Every
+wait is bounded by the run's timeout; the helper ends when its pipe
+closes, after its children, and `close` reaps it.
+
+A ``build`` that cannot be pickled (a lambda, a closure, a function of
+``__main__``) cannot cross: `picklable` says so and the checks then run
+in this process (what their result then notes).
+"""
+
+import json
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+__all__ = ["FreshProcesses", "picklable", "Crossed", "type_name"]
+
+#: seconds to wait for a child beyond its run's own timeout
+GRACE = 30.0
+
+#: children run at once (each case is single-threaded Python, mostly)
+WIDTH = max(1, min(2, os.cpu_count() or 1))
+
+
+def picklable(value):
+    """Whether ``value`` can reach a fresh process: it pickles, and not
+    by a reference to ``__main__`` (which is another module there)."""
+    if getattr(value, "__module__", None) == "__main__":
+        return False
+    try:
+        pickle.dumps(value)
+    except Exception:  # noqa: BLE001 - any reason means "cannot cross"
+        return False
+    return True
+
+
+class Crossed(Exception):
+    """An exception raised in a fresh process that could not be pickled
+    back: its type's name and its text."""
+
+    def __init__(self, name, text):
+        super().__init__(text)
+        self.type_name = name
+
+
+def type_name(exc):
+    """The name of ``exc``'s type, also for a `Crossed` one."""
+    return getattr(exc, "type_name", None) or type(exc).__name__
+
+
+class FreshProcesses:
+    """The helper process of one check (see the module docstring)."""
+
+    def __init__(self):
+        self._proc = None
+        self._tokens = iter(range(1, 1 << 62))
+        self._pending = {}   # token -> (result file, deadline)
+        self._finished = set()
+        self._buffer = b""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _start(self):
+        code = ("import sys, json, os; sys.path[:] = json.loads(os.environ."
+                "pop('LOCALCLUSTER_CHECK_PATH')); from localcluster.testing."
+                "_check_fresh import serve; serve()")
+        env = dict(os.environ, LOCALCLUSTER_CHECK_PATH=json.dumps(
+            [p for p in sys.path if isinstance(p, str)]))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, close_fds=True, env=env)
+
+    def busy(self):
+        """How many requests are running."""
+        return len(self._pending)
+
+    def submit(self, build, kind, session_kwargs, directory, *, resume,
+               max_restarts, max_epochs, timeout):
+        """Start training ``build``'s job in a fresh process; a token for
+        `collect`."""
+        if self._proc is None:
+            self._start()
+        fd, out = tempfile.mkstemp(prefix="fresh-", suffix=".pkl",
+                                   dir=os.path.dirname(directory))
+        os.close(fd)
+        token = next(self._tokens)
+        data = pickle.dumps((build, kind, session_kwargs, directory, resume,
+                             max_restarts, max_epochs, timeout, out))
+        try:
+            self._proc.stdin.write(struct.pack("<QQ", token, len(data)) +
+                                   data)
+            self._proc.stdin.flush()
+        except OSError:
+            os.unlink(out)
+            raise RuntimeError("the checks' fresh-process helper ended "
+                               "unexpectedly") from None
+        self._pending[token] = (out, time.monotonic() + (timeout or 60) +
+                                GRACE)
+        return token
+
+    def collect(self, token):
+        """What the request ``token`` ended with: ``{"blobs", "last",
+        "log", "switches", "preemptions"}``, or raise its exception."""
+        out, deadline = self._pending[token]
+        try:
+            while token not in self._finished:
+                left = deadline - time.monotonic()
+                ready, _, _ = select.select([self._proc.stdout], [], [],
+                                            max(left, 0))
+                if not ready:
+                    raise RuntimeError(
+                        "a run in the checks' fresh process did not end "
+                        "within its timeout")
+                chunk = os.read(self._proc.stdout.fileno(), 4096)
+                if not chunk:
+                    raise RuntimeError("the checks' fresh-process helper "
+                                       "ended unexpectedly")
+                self._buffer += chunk
+                *lines, self._buffer = self._buffer.split(b"\n")
+                for line in lines:
+                    self._finished.add(int(line.split()[1]))
+            self._finished.discard(token)
+            with open(out, "rb") as f:
+                ok, value = pickle.load(f)
+        finally:
+            del self._pending[token]
+            try:
+                os.unlink(out)
+            except OSError:
+                pass
+        if ok:
+            return value
+        raise value
+
+    def close(self):
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        for out, _ in self._pending.values():
+            try:
+                os.unlink(out)
+            except OSError:
+                pass
+        self._pending.clear()
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(GRACE)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+# -- the helper's side ---------------------------------------------------------
+
+def serve():
+    """The helper: fork a child per request until stdin closes, answer
+    ``done <token>`` as each ends."""
+    import localcluster.testing._check_runs  # noqa: F401 - before forking
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner's Ctrl-C ends it
+    children = {}
+    stdin = 0   # read unbuffered: select() must see what is unread
+    open_ = True
+    while open_ or children:
+        if open_:
+            ready, _, _ = select.select([stdin], [], [], 0.02)
+            if ready:
+                head = _exactly(stdin, 16)
+                if head is None:
+                    open_ = False
+                else:
+                    token, size = struct.unpack("<QQ", head)
+                    request = _exactly(stdin, size)
+                    if request is None:
+                        open_ = False
+                    else:
+                        children[_fork(request)] = token
+        else:
+            time.sleep(0.02)
+        while children:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            token = children.pop(pid, None)
+            if token is not None:
+                sys.stdout.buffer.write(b"done %d\n" % token)
+                sys.stdout.buffer.flush()
+
+
+def _exactly(fd, size):
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _fork(request):
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        # the job's prints must not reach the answers' pipe
+        os.dup2(2, 1)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        _child(request)
+        code = 0
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
+
+
+def _child(request):
+    import logging
+    (build, kind, session_kwargs, directory, resume, max_restarts,
+     max_epochs, timeout, out) = pickle.loads(request)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    logging.getLogger("localcluster.job").setLevel(logging.ERROR)
+    from ._check_runs import SESSION_KINDS, train
+    got = {"log": None, "switches": None, "preemptions": 0}
+    try:
+        with SESSION_KINDS[kind](**session_kwargs) as session:
+            try:
+                got["blobs"], got["last"], _ = train(
+                    build, session, directory, resume=resume,
+                    max_epochs=max_epochs, timeout=timeout,
+                    max_restarts=max_restarts)
+            finally:
+                if "schedule" in session_kwargs:
+                    got["log"] = [list(d) for d in session.schedule_log]
+                    got["switches"] = list(session.schedule_switches)
+                    got["preemptions"] = session.schedule_preemptions
+        result = (True, got)
+    except BaseException as exc:  # noqa: BLE001 - it crosses back
+        got["error"] = _crossing(exc)
+        result = (True, got)
+    with open(out, "wb") as f:
+        pickle.dump(result, f)
+
+
+def _crossing(exc):
+    """``exc`` if it pickles, else a `Crossed` with its type and text."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001
+        text = "".join(traceback.format_exception_only(type(exc), exc))
+        return Crossed(type(exc).__name__, text.strip())
