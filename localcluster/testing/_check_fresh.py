@@ -190,7 +190,8 @@ class FreshProcesses:
 def serve():
     """The helper: fork a child per request until stdin closes, answer
     ``done <token>`` as each ends."""
-    import localcluster.testing._check_runs  # noqa: F401 - before forking
+    import importlib
+    importlib.import_module("localcluster.testing._check_runs")  # once
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner's Ctrl-C ends it
     children = {}
     stdin = 0   # read unbuffered: select() must see what is unread

@@ -292,7 +292,7 @@ def schedule_independent(build, *, seeds=None, schedules=None,
             raise _schedule_failed(
                 runs, said, failing.outcome, failing.schedule, failing.seed,
                 conditions=cs, op_seconds=op_seconds, interleavings=len(
-                    seen), run=lambda sch: case(sch, failing.seed, cs))
+                    seen), run=lambda sch, s=failing.seed, c=cs: case(sch, s, c))
         return CheckResult("schedule_independent", runs.count - base,
                            interleavings=len(seen))
 
