@@ -171,14 +171,17 @@ RACY = textwrap.dedent("""
 
 
 def test_the_failure_sample_is_what_check_job_raises(tmp_path):
-    sample = block_after("`check_job` would fail with the smallest")
+    sample = block_after("`check_job` would fail at once") + block_after(
+        "and the schedules show what the race does")
     (tmp_path / "myjob_racy.py").write_text(RACY)
     code = ("import myjob_racy\n"
-            "from localcluster.testing import JobCheckFailed, check_job\n"
-            "try:\n"
-            "    check_job(myjob_racy.build, max_examples=5)\n"
-            "except JobCheckFailed as exc:\n"
-            "    print(f'JobCheckFailed: {exc}')\n")
+            "from localcluster.testing import (JobCheckFailed, check_job,\n"
+            "                                  schedule_independent)\n"
+            "for check in (check_job, schedule_independent):\n"
+            "    try:\n"
+            "        check(myjob_racy.build)\n"
+            "    except JobCheckFailed as exc:\n"
+            "        print(f'JobCheckFailed: {exc}')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True,
                           text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -136,8 +136,8 @@ def _float_gap(x, y, rtol, atol):
         need = float(f"{math.ceil(worst_rel / 10 ** exp * 10) / 10}e{exp}")
         now = "" if rtol is None and atol is None else \
             f" instead of rtol={rtol}, atol={atol}"
-        said += (f"; rtol={need:g} in the options build() returns would "
-                 f"accept it{now}")
+        said += (f"; only rtol={need:g} or more in the options build() "
+                 f"returns would accept it{now}")
     return said + ")"
 
 

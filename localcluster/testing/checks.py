@@ -183,7 +183,7 @@ def races(obj, allow=(), *, max_epochs=None, _runs=None):
             "accesses atomic or ordered (a setup or exit net, an earlier "
             "step), or declare an intended race with allow_races=(blob, "
             "...) in the options build() returns",
-            {"races": [str(r) for r in found]},
+            {"races": [(r.node, r.blob) for r in found]},
             replay("races", obj))
     return CheckResult("races")
 
