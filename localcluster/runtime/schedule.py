@@ -1,31 +1,58 @@
-"""Deterministic schedules as values: a seed, or decisions to replay.
+"""Deterministic schedules as values: a seed and a strategy, or decisions
+to replay.
 
 ::
 
     LocalSession(schedule=7)                      # Schedule(7)
-    LocalSession(schedule=Schedule(7, op_seconds=1e-6))
+    LocalSession(schedule=Schedule(7, strategy="pct", depth=2))
     session.run(group); decisions = session.last_schedule
     LocalSession(schedule=Schedule.replay(decisions)).run(group)  # again
+    JobRunner(job, ...).train(session); log = session.schedule_log
+    LocalSession(schedule=Schedule.replay(log))   # the whole training again
 
 A `Schedule` is plain, picklable data.  Each run of a session under it
 gets a fresh `Chooser` (`Schedule.chooser`), which the run's scheduler
 (`localcluster.runtime.scheduler`) asks whenever more than one branch of
-the run could go on: with a seed it picks one with ``random.Random(seed)``
-from the runnable branches ordered by name, so a run's decisions depend
-only on the seed, the plan and what the workspaces hold -- not on the run's
-place in the session, nor on threads or timing.  A replay, too, starts
-from its first decision in every run and follows them one by one; it
-raises `ScheduleDivergedError` the moment one of them names a branch that
-cannot go on, or when the run needs more than it has.  A run that needs
-fewer (a one-branch setup run makes no decision at all) uses the ones it
-needs; to replay one run of several, set ``session.schedule`` to the
-replay just before it.
+the run could go on, the branches ordered by name.  A seeded schedule
+explores with one of three strategies:
+
+- ``"random"``: uniformly among the branches that can go on;
+- ``"pct"``, probabilistic concurrency testing (Burckhardt et al.,
+  ASPLOS 2010): each branch gets a random priority when first seen, the
+  highest that can go on runs, and at ``depth - 1`` change points drawn
+  uniformly over the run's decisions the branch that runs drops below
+  every other -- a bug that needs d ordering constraints among n branches
+  and k decisions is found with probability at least 1/(n k^(d-1)); the
+  number of decisions is what earlier runs of the same plan in the
+  session made (`DEFAULT_ESTIMATE` before one ran);
+- ``"mixed"``: random, then pct at depth 1, 2, ... ``depth``, over
+  consecutive seeds (`Schedule.kind`) -- what the job checks use, since
+  neither alone finds every kind of bug (a lost update needs a switch at
+  one of few points, which a random walk makes easily; a starved worker
+  needs one branch to run long unswitched, which only PCT does).
+
+Each run's generator is seeded with (seed, run index): the runs of one
+session -- the init group, each epoch, each checkpoint save -- explore
+different interleavings, and a session's runs depend only on the seed, the
+plans and what the workspaces hold, not on threads or timing.  Setting
+``session.schedule`` starts the count again.
+
+A replay repeats decisions: one run's (``Schedule.replay(decisions)``,
+made again by every run) or a session's (``Schedule.replay(log)``, run i
+makes the i-th); it raises `ScheduleDivergedError` the moment a decision
+names a branch that cannot go on, or when a run needs more than it has.
+``Schedule.switches([(run, decision, branch), ...])`` writes a schedule
+down by its switches alone: every other decision lets the branch that
+ran last go on (or, if it cannot, the first that can, by name), so a
+counter-example shrunk to a few preemptions is a few triples
+(`localcluster.testing._check_shrink`).
 
 A decision is the name of the branch picked, such as
 ``"trainer_0/trainer_0/task:body:0/sgd:instances:instance:1"``: the node,
 then one part per concurrent branching below it (see the scheduler).
 Only real choices are recorded -- a point where one branch alone could go
-on is not a decision.
+on is not a decision.  A decision that switches away from a branch that
+could have gone on is a preemption; the chooser counts them.
 
 ``op_seconds`` is how much virtual time each op takes on a node of
 slowdown 1 (0 by default: ops take no time; the clock moves only when
