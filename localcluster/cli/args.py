@@ -184,13 +184,13 @@ def parser():
                         + FAULT_SYNTAX)
     p.add_argument("--check", nargs="?", const="all", metavar="CHECKS",
                    help="instead of training, check the job: all checks, "
-                        "or a comma list of sessions_agree, "
-                        "resume_equals_uninterrupted, restart_recovers, "
-                        "schedule_independent; exit 1 if one fails")
+                        "or a comma list of races, schedule_independent, "
+                        "sessions_agree, resume_equals_uninterrupted, "
+                        "restart_recovers; exit 1 if one fails")
     p.add_argument("--max-examples", type=_whole(1, 10 ** 4), default=20,
                    metavar="N",
-                   help="with --check: the most kills and schedules each "
-                        "check tries (default 20)")
+                   help="with --check: the distinct interleavings and "
+                        "the kills the checks try (default 20 each)")
     p.add_argument("--print-plan", action="store_true",
                    help="print the job's plan and exit (with --json: as "
                         "JSON)")

@@ -11,6 +11,11 @@ the job itself prints while it is checked (its nodes' output, over many
 runs) goes to stderr, so it never breaks a verdict line and stdout holds
 the verdicts alone.
 
+The checks share one `Runs`: their uninterrupted runs are made once, and
+every run goes to a forked child of one clean helper process
+(`localcluster.testing._check_fresh`).  A passed check's line says how
+many distinct interleavings and kills it ran.
+
 The embedded job runs its trainers with ``--threads 1`` under ``--check``
 unless ``--threads`` is given: hogwild threads make its results depend on
 timing by design, which every check would rightly report.

@@ -34,13 +34,15 @@ branch's node's slowdown (or, with ``op_seconds="measured"``, the real
 time it took times the slowdown); a wait with a timeout ends at the
 branch's time plus the timeout; a branch woken by another (a record put,
 a branch ended) goes on at the later of its own time and the waker's.
-The next branch to run is always one with the earliest time among those
-that can go on -- ready ones, waiting ones whose condition holds or whose
-timeout has come -- so whatever a branch sees happened before it in
-virtual time, and a run's virtual length is what it would take with every
-node on a machine of its own.  With ``op_seconds=0`` (the default) every
-branch's clock stands still while it runs and all that can go on are
-tied: the choice is the schedule's.  If no branch can go on and none
+The next branch to run is one that could start within one op's cost (on
+the earliest branch's node) of the earliest time among those that can go
+on -- ready ones, waiting ones whose condition holds or whose timeout has
+come: the schedule chooses among them, since ops that start that close
+together overlap on real machines; so what a branch sees happened before
+it in virtual time, up to one op, and a run's virtual length is what it
+would take with every node on a machine of its own.  With
+``op_seconds=0`` (the default) every branch's clock stands still while it
+runs and all that can go on are tied.  If no branch can go on and none
 waits with a timeout, nothing ever will (whatever the run's own
 timeout): the scheduler records a `DeadlockError` naming each waiting
 branch and what it waits for, goes idle and tells the session

@@ -5,23 +5,26 @@
   ``faults=``; cluster conditions (`Link`, `Slowdown`), as
   ``conditions=``.
 - Deterministic schedules: ``LocalSession(schedule=seed)`` or
-  ``LocalSession(schedule=Schedule(...))`` runs one branch at a time, in
-  an order a seeded generator picks, on a virtual clock;
+  ``LocalSession(schedule=Schedule(seed, strategy, depth))`` runs one
+  branch at a time, in an order a seeded strategy (random, PCT or mixed)
+  picks, on a virtual clock;
   ``session.last_schedule`` and ``Schedule.replay(decisions)`` repeat a
   run exactly.  A run whose branches all wait for each other raises
   `DeadlockError`; a replay that does not fit its run,
   `ScheduleDivergedError`.
-- Job checks (`check_job` and its four checks, each a function of its
-  own), raising `JobCheckFailed` with the smallest counter-example and a
-  line of Python that replays it; with ``conditions=`` (a list of
-  `Link` and `Slowdown` values, or a strategy drawing them) they also
-  check that the job's result does not depend on the cluster's
-  conditions.
-- Static race analysis: `races` of a Job, TaskGroup or Task lists the
-  `Race`s of its plan -- a blob two concurrent branches of a node use,
-  one writing, with no atomic op, setup/exit net or queue ordering them
-  -- each naming the blob, the node and both ops; a job's intended races
-  are its options' ``allow_races=("blob", ...)``.
+- Static race analysis: `races(obj)` lists the `Race`\\ s of a Job,
+  TaskGroup or Task -- blobs concurrent branches of a node share without
+  an atomic op or an order; intended ones go in the options'
+  ``allow_races``.
+- Job checks (`check_job` and its five checks, each a function of its
+  own: `races`, `schedule_independent`, `sessions_agree`,
+  `resume_equals_uninterrupted`, `restart_recovers`), each run in a fresh
+  process and judged on its own (finite results, ``invariant=``,
+  ``expected=``) and against the others; a failure raises
+  `JobCheckFailed` with the counter-example (a failing schedule shrunk to
+  its fewest preemptions) and a line of Python that replays it; with
+  ``conditions=`` they also check that the job's result does not depend
+  on the cluster's conditions.
 - Hypothesis strategies drawing task groups and jobs with the values a
   reference model predicts, fault plans, cluster conditions and schedule
   seeds: import
