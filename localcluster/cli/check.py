@@ -51,6 +51,15 @@ class CommandLineJob:
         self.options = options
         self._builder = load_builder(spec)
 
+    def __getstate__(self):
+        # the builder is loaded again where it lands: a job given by a
+        # file's path is no module pickle could name
+        return self.spec, self.options
+
+    def __setstate__(self, state):
+        self.spec, self.options = state
+        self._builder = load_builder(self.spec)
+
     def __repr__(self):
         args = "".join(f", {k}={v!r}" for k, v in self.options.items())
         return f"localcluster.cli.check.CommandLineJob({self.spec!r}{args})"

@@ -115,8 +115,11 @@ class FreshProcesses:
                                    dir=os.path.dirname(directory))
         os.close(fd)
         token = next(self._tokens)
-        data = pickle.dumps((build, kind, session_kwargs, directory, resume,
-                             max_restarts, max_epochs, timeout, out))
+        # the result file's name first: the child answers there even if
+        # the rest cannot be unpickled
+        data = out.encode() + b"\0" + pickle.dumps(
+            (build, kind, session_kwargs, directory, resume, max_restarts,
+             max_epochs, timeout))
         try:
             self._proc.stdin.write(struct.pack("<QQ", token, len(data)) +
                                    data)
@@ -152,7 +155,12 @@ class FreshProcesses:
                     self._finished.add(int(line.split()[1]))
             self._finished.discard(token)
             with open(out, "rb") as f:
-                ok, value = pickle.load(f)
+                data = f.read()
+            if not data:
+                raise RuntimeError(
+                    "a run in the checks' fresh process ended without a "
+                    "result (killed? its stderr is above)")
+            ok, value = pickle.loads(data)
         finally:
             del self._pending[token]
             try:
@@ -255,13 +263,15 @@ def _fork(request):
 
 def _child(request):
     import logging
-    (build, kind, session_kwargs, directory, resume, max_restarts,
-     max_epochs, timeout, out) = pickle.loads(request)
+    out, _, request = request.partition(b"\0")
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     logging.getLogger("localcluster.job").setLevel(logging.ERROR)
     from ._check_runs import SESSION_KINDS, train
     got = {"log": None, "switches": None, "preemptions": 0}
+    session_kwargs = {}
     try:
+        (build, kind, session_kwargs, directory, resume, max_restarts,
+         max_epochs, timeout) = pickle.loads(request)
         with SESSION_KINDS[kind](**session_kwargs) as session:
             try:
                 got["blobs"], got["last"], _ = train(
