@@ -167,11 +167,8 @@ def races(obj, allow=(), *, max_epochs=None, _runs=None):
     (`._races`; a ``(job, options)`` pair counts its ``allow_races``).  Given a job's ``build`` instead, the
     check: raises `JobCheckFailed` if the job has races its options do
     not declare in ``allow_races``."""
-    if isinstance(obj, (Job, TaskGroup, Task, tuple)):
+    if not callable(obj) or isinstance(obj, (Job, TaskGroup, Task)):
         return find_races(obj, allow=allow)
-    if not callable(obj):
-        raise TypeError(f"races() takes a Job, TaskGroup or Task -- or, as a "
-                        f"check, a function building a job; got {obj!r}")
     job, options = make_job(obj, max_epochs)
     found = find_races((job, options), allow=allow)
     if found:

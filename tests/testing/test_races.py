@@ -469,7 +469,7 @@ def test_reading_a_blob_only_a_concurrent_task_writes_says_so(
     """Under this schedule the pipe reads before the dataset exists: the
     error names the task that makes it and says nothing orders the two,
     instead of telling the user to check the order of their ops."""
-    with LocalSession(schedule=0) as session:
+    with LocalSession(schedule=1) as session:
         with pytest.raises(TaskFailedError) as info:
             session.run(_dataset_beside_its_pipe(workspace_type), timeout=10)
     error = info.value
