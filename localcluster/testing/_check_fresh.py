@@ -135,6 +135,9 @@ class FreshProcesses:
     def collect(self, token):
         """What the request ``token`` ended with: ``{"blobs", "last",
         "log", "switches", "preemptions"}``, or raise its exception."""
+        if token not in self._pending:
+            raise RuntimeError("the checks' fresh processes were closed "
+                               "before this run was collected")
         out, deadline = self._pending[token]
         try:
             while token not in self._finished:

@@ -22,6 +22,10 @@ import numpy as np
 
 __all__ = ["Truth", "difference", "replay"]
 
+#: relative differences below this may be rounding: a message says which
+#: rtol accepts them; above, it says they are more than rounding
+ROUNDING = 1e-3
+
 
 class Truth:
     """What every run of a check must satisfy on its own."""
@@ -41,6 +45,16 @@ class Truth:
                                     options.get("allow_nonfinite"))
         self.invariant = invariant
         self.expected = expected
+
+    def replay_args(self):
+        """What a replay line passes for this truth."""
+        expected = None
+        if self.expected is not None:
+            expected = {node: {name: np.asarray(value).tolist()
+                               for name, value in blobs.items()}
+                        for node, blobs in self.expected.items()}
+        return {"allow_nonfinite": True if self.allow_nonfinite else None,
+                "invariant": self.invariant, "expected": expected}
 
     def judge(self, label, blobs):
         """What is wrong with the blobs ``label`` ended with, or None."""
@@ -63,7 +77,7 @@ class Truth:
                         return (f"{label} ends without blob {name!r} on node"
                                 f" {node!r}, which expected= names")
                     said = _unequal(want, have, self.options)
-                    if said:
+                    if said is not None:
                         return (f"{label} ends with blob {name!r} on node "
                                 f"{node!r} = {_short(have)}, but expected= "
                                 f"says {_short(want)}{said}")
@@ -89,7 +103,7 @@ def difference(first, a, second, b, options):
                         f"{list(x.shape)} after {first} and {y.dtype}"
                         f"{list(y.shape)} after {second}")
             said = _unequal(x, y, options)
-            if said:
+            if said is not None:
                 return (f"blob {name!r} on node {node!r} is {_short(x)} "
                         f"after {first} and {_short(y)} after {second}"
                         f"{said}")
@@ -98,7 +112,8 @@ def difference(first, a, second, b, options):
 
 def _unequal(x, y, options):
     """None if ``x`` and ``y`` are equal (within the options' tolerance),
-    else what a message adds about the difference ('' if nothing)."""
+    else what a message adds about the difference (a str, maybe empty:
+    test it against None)."""
     x, y = np.asarray(x), np.asarray(y)
     if x.shape != y.shape:
         return f" (shapes {list(x.shape)} and {list(y.shape)})"
@@ -131,18 +146,22 @@ def _float_gap(x, y, rtol, atol):
         worst_abs, worst_rel = float(gap.max()), float(rel.max())
     said = (f" (largest absolute difference {worst_abs:.3g}, relative "
             f"{worst_rel:.3g}")
-    if math.isfinite(worst_rel) and worst_rel > 0:
+    if math.isfinite(worst_rel) and 0 < worst_rel < ROUNDING:
         exp = math.floor(math.log10(worst_rel))
         need = float(f"{math.ceil(worst_rel / 10 ** exp * 10) / 10}e{exp}")
         now = "" if rtol is None and atol is None else \
             f" instead of rtol={rtol}, atol={atol}"
-        said += (f"; only rtol={need:g} or more in the options build() "
-                 f"returns would accept it{now}")
+        said += (f"; rtol={need:g} in the options build() returns would "
+                 f"accept it, if rounding is all it is{now}")
+    elif math.isfinite(worst_rel):
+        said += "; larger than rounding: no rtol below 1e-3 accepts it"
     return said + ")"
 
 
 def _short(value):
-    return np.array2string(np.asarray(value), threshold=8, precision=6)
+    # every digit that tells two floats apart (3.6 and 3.6000000000000005)
+    return np.array2string(np.asarray(value), threshold=8,
+                           floatmode="unique")
 
 
 def _name_of(build):
@@ -158,17 +177,35 @@ def _name_of(build):
     return None, "build"
 
 
+class _Literal:
+    """An expression a replay line writes as is."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
 def replay(check, build, **kwargs):
     """``import mod; from localcluster.testing import ...; check(...)``."""
-    args = "".join(f", {k}={v!r}" for k, v in kwargs.items()
-                   if v is not None)
     names = [check]
     for fault in kwargs.get("faults") or ():
         names += [type(fault).__name__, type(fault.at).__name__]
     names += [type(c).__name__ for c in kwargs.get("conditions") or ()]
+    invariant = kwargs.pop("invariant", None)
+    head_more = ""
+    if invariant is not None:
+        module, target = _name_of(invariant)
+        head_more = f"import {module}; " if module else ""
+        kwargs["invariant"] = _Literal(target)
     if kwargs.get("schedules"):
         names.append("Schedule")
     module, target = _name_of(build)
     head = f"import {module}; " if module else ""
+    if head_more and head_more != head:
+        head += head_more
+    args = "".join(f", {k}={v!r}" for k, v in kwargs.items()
+                   if v is not None)
     return (f"{head}from localcluster.testing import "
             f"{', '.join(dict.fromkeys(names))}; {check}({target}{args})")

@@ -146,6 +146,12 @@ def _common(max_epochs, timeout, allow_nonfinite, invariant, expected):
             "expected": expected}
 
 
+def _replay(runs, check, **kwargs):
+    """The replay line of ``check``, with the truth the runs were judged
+    by (``invariant=``, ``expected=``, ``allow_nonfinite=``)."""
+    return replay(check, runs.build, **kwargs, **runs.truth.replay_args())
+
+
 def _verdict(runs, out, other=None):
     """What is wrong with the run ``out``: it raised, it breaks the
     user's truth, or it differs from ``other``; None if nothing."""
@@ -278,18 +284,19 @@ def schedule_independent(build, *, seeds=None, schedules=None,
                 other()
         except _Failing as failing:
             cs = failing.conditions
-            said = failing.message
+            note = ""
             if cs is not None:
                 alone = _verdict(runs, start(failing.schedule, [])(), first)
-                said += ("; without the conditions that schedule ends as "
-                         "the run without preemptions: the result depends "
-                         "on the conditions" if alone is None else
-                         "; that schedule fails without the conditions too:"
-                         " the result depends on the schedule")
+                note = ("; without the conditions that schedule ends as "
+                        "the run without preemptions: the result depends "
+                        "on the conditions" if alone is None else
+                        "; that schedule fails without the conditions too:"
+                        " the result depends on the schedule")
             raise _schedule_failed(
-                runs, said, failing.outcome, failing.schedule, failing.seed,
-                conditions=cs, op_seconds=op_seconds, interleavings=len(
-                    seen), run=lambda sch, s=failing.seed, c=cs: case(sch, s, c))
+                runs, failing.message, failing.outcome, failing.schedule,
+                failing.seed, conditions=cs, op_seconds=op_seconds,
+                interleavings=len(seen), note=note,
+                run=lambda sch, s=failing.seed, c=cs: case(sch, s, c))
         return CheckResult("schedule_independent", runs.count - base,
                            interleavings=len(seen))
 
@@ -326,25 +333,31 @@ def _named(schedule):
 
 
 def _schedule_failed(runs, said, out, schedule, seed, *, conditions,
-                     op_seconds, interleavings=1, run=None):
+                     op_seconds, interleavings=1, run=None, note=""):
     """The `JobCheckFailed` of a failing schedule, shrunk to its fewest
-    preemptions when it can be."""
+    preemptions when it can be (``note``: said after the verdict)."""
     switches = out.switches or []
     kind = _kind_of(out)
     if run is not None and switches:
+        ran = {tuple(switches): out}
+
         def attempt(candidate):
             try:
                 run(Schedule.switches(candidate,
                                       op_seconds=schedule.op_seconds))
             except _Failing as again:
                 if _kind_of(again.outcome) == kind:
-                    nonlocal out
-                    out = again.outcome
-                    return again.outcome.switches or []
+                    made = again.outcome.switches or []
+                    ran.setdefault(tuple(made), again.outcome)
+                    return made
             return None
         switches = shrink(attempt, switches)
+        out = ran[tuple(switches)]
+        out.label = (f"the schedule of {len(switches)} switch(es)"
+                     f"{under(conditions)}")
         said = _verdict(runs, out, runs.reference("local", NO_PREEMPTIONS))\
             or said
+    said += note
     found = Schedule.switches(switches, op_seconds=schedule.op_seconds)
     if schedule.seed is not None:
         said += (f" -- shrunk from {_named(schedule)} to "
@@ -355,8 +368,8 @@ def _schedule_failed(runs, said, out, schedule, seed, *, conditions,
     example["interleavings"] = interleavings
     return JobCheckFailed(
         "schedule_independent", said, with_conditions(example, conditions),
-        replay("schedule_independent", runs.build, schedules=[found],
-               conditions=conditions, max_epochs=runs.max_epochs))
+        _replay(runs, "schedule_independent", schedules=[found],
+                conditions=conditions, max_epochs=runs.max_epochs))
 
 
 def _kind_of(out):
@@ -397,14 +410,14 @@ def sessions_agree(build, *, sessions=("local", "localhost"),
                 raise JobCheckFailed(
                     "sessions_agree", said,
                     with_conditions({"session": kind}, cs),
-                    replay("sessions_agree", build, sessions=(kind,),
+                    _replay(runs, "sessions_agree", sessions=(kind,),
                            conditions=cs, max_epochs=max_epochs))
 
         said = _verdict(runs, first)
         if said:
             raise JobCheckFailed(
                 "sessions_agree", said, {"schedule": NO_PREEMPTIONS},
-                replay("sessions_agree", build, sessions=kinds[:1],
+                _replay(runs, "sessions_agree", sessions=kinds[:1],
                        max_epochs=max_epochs))
         examples = conds.examples(max_examples if conds.strategy is not None
                                   else 1) if conds.given else [None]
@@ -443,7 +456,7 @@ def resume_equals_uninterrupted(build, *, sessions=("local",), epochs=None,
                 raise JobCheckFailed(
                     "resume_equals_uninterrupted", said,
                     {"session": kind, "schedule": schedule},
-                    replay("resume_equals_uninterrupted", build,
+                    _replay(runs, "resume_equals_uninterrupted",
                            sessions=(kind,), max_epochs=max_epochs,
                            seed=seed or None))
             how = kind if schedule is None else f"{kind} under {schedule!r}"
@@ -466,7 +479,7 @@ def resume_equals_uninterrupted(build, *, sessions=("local",), epochs=None,
                         "resume_equals_uninterrupted", said + note,
                         with_conditions({"epoch": epoch, "session": kind},
                                         cs),
-                        replay("resume_equals_uninterrupted", build,
+                        _replay(runs, "resume_equals_uninterrupted",
                                sessions=(kind,), epochs=[epoch],
                                conditions=cs, max_epochs=max_epochs,
                                seed=seed or None))
@@ -529,7 +542,7 @@ def restart_recovers(build, *, sessions=("local", "localhost"), faults=None,
         if said:
             raise JobCheckFailed("restart_recovers", said,
                                  {"schedule": schedule},
-                                 replay("restart_recovers", build,
+                                 _replay(runs, "restart_recovers",
                                         max_epochs=max_epochs))
         drawn = faults is None
         if drawn:
@@ -548,7 +561,7 @@ def restart_recovers(build, *, sessions=("local", "localhost"), faults=None,
             if said:
                 raise JobCheckFailed("restart_recovers", said,
                                      {"session": kind},
-                                     replay("restart_recovers", build,
+                                     _replay(runs, "restart_recovers",
                                             sessions=(kind,),
                                             max_epochs=max_epochs))
         def case(i, fault, cs):
@@ -556,7 +569,7 @@ def restart_recovers(build, *, sessions=("local", "localhost"), faults=None,
                                  ref, reals, references, drawn, note, cs)
 
         # two kills at a time: one's resume runs beside the next one's kill
-        before = None
+        before = steps = None
         try:
             for i, (fault, cs) in enumerate(zip(
                     faults, conds.examples(len(faults)))):
@@ -564,16 +577,22 @@ def restart_recovers(build, *, sessions=("local", "localhost"), faults=None,
                 try:
                     next(steps)            # its runs started
                     next(steps, None)      # its kill seen, its resume started
-                finally:
-                    if before is not None:
-                        _finish(*before, conds)
-                before = (steps, i, fault, cs, case)
+                except BaseException:
+                    if before is not None:   # the earlier kill's verdict
+                        earlier, before = before, None
+                        _finish(*earlier, conds)
+                    raise
+                if before is not None:
+                    earlier, before = before, None
+                    _finish(*earlier, conds)
+                before, steps = (steps, i, fault, cs, case), None
             if before is not None:
-                _finish(*before, conds)
-                before = None
+                earlier, before = before, None
+                _finish(*earlier, conds)
         finally:
-            if before is not None:
-                before[0].close()          # its runs reaped
+            for left in (steps, before and before[0]):
+                if left is not None:
+                    left.close()           # its runs reaped
         return CheckResult("restart_recovers", runs.count - base,
                            kills=(len(faults), total), note=note)
 
@@ -599,7 +618,7 @@ def _restart_case(runs, fault, schedule, ref, reals, references, drawn,
         raise JobCheckFailed(
             "restart_recovers", message + (f"; {note}" if note else ""),
             with_conditions({"fault": fault, "session": kind}, cs),
-            replay("restart_recovers", runs.build, sessions=(kind,),
+            _replay(runs, "restart_recovers", sessions=(kind,),
                    faults=[fault], conditions=cs,
                    max_epochs=runs.max_epochs,
                    seed=schedule.seed or None))
