@@ -87,21 +87,9 @@ ARGS = {
 }
 
 #: (table, row, "verdict" or "replay") -> why the kit gets it wrong
-#: today: those tests are strict xfails (a wrong verdict's replay too)
-KIT_BUGS = {
-    ("VERDICTS", "always_wrong[expected]", "verdict"):
-        "expected= accepts an int blob that differs: _unequal returns '' "
-        "(unequal, nothing to add) for non-float arrays and Truth.judge "
-        "tests it for truth",
-    ("VERDICTS", "always_wrong[expected]", "replay"):
-        "the replay line drops expected= (and the verdict is wrong too: "
-        "see above)",
-    ("VERDICTS", "always_wrong[invariant]", "replay"):
-        "the replay line drops invariant= (and expected=), so it passes",
-    ("WITHOUT_RACES", "exit_step_race", "verdict"):
-        "runs that differ only in an int blob compare equal: difference() "
-        "tests _unequal's '' for truth",
-}
+#: today: those tests are strict xfails (a wrong verdict's replay too);
+#: empty while the kit gets every verdict right
+KIT_BUGS = {}
 
 CHECK_NAMES = [check.__name__ for check in ALL_CHECKS]
 
