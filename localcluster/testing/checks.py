@@ -226,7 +226,8 @@ def schedule_independent(build, *, seeds=None, schedules=None,
         first = runs.reference("local", NO_PREEMPTIONS)
         said = _verdict(runs, first)
         if said:
-            raise _schedule_failed(runs, said, first, NO_PREEMPTIONS, None,
+            # the first run of every seed: the check's seed names it
+            raise _schedule_failed(runs, said, first, NO_PREEMPTIONS, seed,
                                    conditions=None, op_seconds=None)
         if schedules is not None:
             chosen = [(s, None) for s in schedules]
@@ -416,7 +417,8 @@ def sessions_agree(build, *, sessions=("local", "localhost"),
         said = _verdict(runs, first)
         if said:
             raise JobCheckFailed(
-                "sessions_agree", said, {"schedule": NO_PREEMPTIONS},
+                "sessions_agree", said, {"schedule": NO_PREEMPTIONS,
+                                         "seed": seed},
                 _replay(runs, "sessions_agree", sessions=kinds[:1],
                        max_epochs=max_epochs))
         examples = conds.examples(max_examples if conds.strategy is not None
