@@ -122,18 +122,21 @@ class CheckResult:
 
 
 @contextlib.contextmanager
-def _checking(build, runs, **kwargs):
-    """The `Runs` a check uses: ``runs`` (check_job's) or its own; the
-    restarts and kills the check causes are not logged (they are what it
-    checks, not news)."""
+def _checking(build, runs, conds, **kwargs):
+    """``(runs, count of runs made before)``: the `Runs` a check uses --
+    ``runs`` (check_job's) or its own; ``conds`` drawn past the plan's
+    time constants.  The restarts and kills the check causes are not
+    logged (they are what it checks, not news)."""
     owned = runs is None
     if owned:
         runs = Runs(build, **kwargs)
+    if conds.strategy is not None:
+        conds.horizon = time_constants(runs.job())
     quiet = logging.getLogger("localcluster.job")
     level = quiet.level
     quiet.setLevel(max(level, logging.ERROR))
     try:
-        yield runs
+        yield runs, runs.count
     finally:
         quiet.setLevel(level)
         if owned:
@@ -217,12 +220,9 @@ def schedule_independent(build, *, seeds=None, schedules=None,
     still give the blobs of the run without them; a failure says whether
     that schedule alone, without them, ends differently too."""
     conds = CheckConditions(conditions, "schedule_independent", seed=seed)
-    with _checking(build, _runs, **_common(
+    with _checking(build, _runs, conds, **_common(
             max_epochs, timeout, allow_nonfinite, invariant,
-            expected)) as runs:
-        base = runs.count
-        if conds.strategy is not None:
-            conds.horizon = time_constants(runs.job())
+            expected)) as (runs, base):
         first = runs.reference("local", NO_PREEMPTIONS)
         said = _verdict(runs, first)
         if said:
@@ -394,12 +394,9 @@ def sessions_agree(build, *, sessions=("local", "localhost"),
     drawing ``max_examples`` lists) and must still end so."""
     kinds = tuple(sessions)
     conds = CheckConditions(conditions, "sessions_agree", seed=seed)
-    with _checking(build, _runs, **_common(
+    with _checking(build, _runs, conds, **_common(
             max_epochs, timeout, allow_nonfinite, invariant,
-            expected)) as runs:
-        base = runs.count
-        if conds.strategy is not None:
-            conds.horizon = time_constants(runs.job())
+            expected)) as (runs, base):
         first = runs.reference("local", NO_PREEMPTIONS)
 
         def case(kind, cs):
@@ -443,12 +440,9 @@ def resume_equals_uninterrupted(build, *, sessions=("local",), epochs=None,
     under them (one draw per epoch for a strategy)."""
     conds = CheckConditions(conditions, "resume_equals_uninterrupted",
                             seed=seed)
-    with _checking(build, _runs, **_common(
+    with _checking(build, _runs, conds, **_common(
             max_epochs, timeout, allow_nonfinite, invariant,
-            expected)) as runs:
-        base = runs.count
-        if conds.strategy is not None:
-            conds.horizon = time_constants(runs.job())
+            expected)) as (runs, base):
         note = "" if runs.fresh is not None else _IN_THIS_PROCESS
         for kind, schedule in [("local", Schedule(seed))] + \
                 [(k, None) for k in sessions]:
@@ -532,12 +526,9 @@ def restart_recovers(build, *, sessions=("local", "localhost"), faults=None,
     if max_examples is not None:
         max_kills = max_examples
     conds = CheckConditions(conditions, "restart_recovers", seed=seed)
-    with _checking(build, _runs, **_common(
+    with _checking(build, _runs, conds, **_common(
             max_epochs, timeout, allow_nonfinite, invariant,
-            expected)) as runs:
-        base = runs.count
-        if conds.strategy is not None:
-            conds.horizon = time_constants(runs.job())
+            expected)) as (runs, base):
         schedule = Schedule(seed)
         ref = runs.reference("local", schedule)   # resume's reference too
         said = _verdict(runs, ref)
