@@ -201,8 +201,8 @@ class FreshProcesses:
 def serve():
     """The helper: fork a child per request until stdin closes, answer
     ``done <token>`` as each ends."""
-    import importlib
-    importlib.import_module("localcluster.testing._check_runs")  # once
+    from ._check_train import train  # once, before forking
+    del train
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner's Ctrl-C ends it
     children = {}
     stdin = 0   # read unbuffered: select() must see what is unread
@@ -269,13 +269,14 @@ def _child(request):
     out, _, request = request.partition(b"\0")
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     logging.getLogger("localcluster.job").setLevel(logging.ERROR)
-    from ._check_runs import SESSION_KINDS, train
+    from ..sessions.kinds import installed_kinds
+    from ._check_train import train
     got = {"log": None, "switches": None, "preemptions": 0}
     session_kwargs = {}
     try:
         (build, kind, session_kwargs, directory, resume, max_restarts,
          max_epochs, timeout) = pickle.loads(request)
-        with SESSION_KINDS[kind](**session_kwargs) as session:
+        with installed_kinds()[kind](**session_kwargs) as session:
             try:
                 got["blobs"], got["last"], _ = train(
                     build, session, directory, resume=resume,

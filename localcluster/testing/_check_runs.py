@@ -22,10 +22,8 @@ import os
 import shutil
 import tempfile
 
-from ..checkpoint.manager import MultiNodeCheckpointManager
-from ..job import Job, JobRunner, epoch_limiter
 from ..sessions.kinds import installed_kinds
-from ..task import Node
+from ._check_train import final_blobs, make_job, train
 
 __all__ = ["SESSION_KINDS", "make_job", "final_blobs", "train", "Scratch",
            "Runs", "Outcome"]
@@ -34,44 +32,10 @@ __all__ = ["SESSION_KINDS", "make_job", "final_blobs", "train", "Scratch",
 #: the extra is installed; a check's Ray sessions share warm actors)
 SESSION_KINDS = installed_kinds()
 
-
-def make_job(build, max_epochs):
-    """``(job, options)`` from ``build()``, capped at ``max_epochs``."""
-    made = build()
-    job, options = made if isinstance(made, tuple) else (made, {})
-    if not isinstance(job, Job) or not isinstance(options, dict):
-        raise TypeError(f"build() must return a Job or (job, options), got "
-                        f"{made!r}")
-    if max_epochs is not None:
-        with Node(job.nodes_to_checkpoint()[0]):
-            epoch_limiter(job, max_epochs)
-    return job, options
-
-
-def final_blobs(session, job):
-    """``{node: {blob: array}}`` of the job's checkpointed nodes."""
-    out = {}
-    for node in job.nodes_to_checkpoint():
-        out[node] = {}
-        for name in session.blobs(node):
-            value = session.fetch_blob(name, node)
-            if not value.dtype.hasobject:
-                out[node][name] = value
-    return out
-
-
-def train(build, session, directory, *, max_epochs=None, timeout=None,
-          resume=None, max_restarts=0):
-    """Train a fresh job; ``(final blobs, last epoch, options)``."""
-    job, options = make_job(build, max_epochs)
-    runner = JobRunner(job, MultiNodeCheckpointManager(directory),
-                       resume_from_epoch=resume, max_restarts=max_restarts,
-                       on_checkpoint_error=options.get("on_checkpoint_error",
-                                                       "warn"),
-                       timeout=timeout)
-    last = runner.train(session)
-    return final_blobs(session, job), last, options
-
+#: the kinds a fresh process makes alike (a kind a test put in
+#: `SESSION_KINDS` in their place, and Ray's shared actors, run here)
+FRESH_KINDS = {kind: SESSION_KINDS[kind] for kind in ("local", "localhost")
+               if kind in SESSION_KINDS}
 
 
 class Scratch:
@@ -187,7 +151,8 @@ class Runs:
             kwargs["schedule"] = schedule
         if faults is not None:
             kwargs["faults"] = faults
-        if self.fresh is not None and kind != "ray":
+        if self.fresh is not None and kind in FRESH_KINDS and \
+                SESSION_KINDS.get(kind) is FRESH_KINDS[kind]:
             token = self.fresh.submit(
                 self.build, kind, kwargs, directory, resume=resume,
                 max_restarts=max_restarts, max_epochs=self.max_epochs,
