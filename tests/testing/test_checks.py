@@ -130,3 +130,18 @@ def test_tolerances_from_the_jobs_options_are_used():
 def test_a_build_that_returns_no_job_is_a_type_error():
     with pytest.raises(TypeError, match="Job or"):
         sessions_agree(lambda: 42, sessions=("local",))
+
+
+def test_a_session_kind_a_test_adds_is_the_one_the_checks_open(monkeypatch):
+    # SESSION_KINDS is open to tests; a fresh process would not know the
+    # kind, so its runs are made here, by its own factory
+    from localcluster import LocalSession
+    from localcluster.testing import checks
+    made = []
+
+    def mine(**kwargs):
+        made.append(kwargs.get("conditions"))
+        return LocalSession(**kwargs)
+    monkeypatch.setitem(checks.SESSION_KINDS, "mine", mine)
+    result = sessions_agree(correct_job, sessions=("mine",))
+    assert made == [None] and result.runs == 2
