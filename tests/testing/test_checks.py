@@ -145,3 +145,21 @@ def test_a_session_kind_a_test_adds_is_the_one_the_checks_open(monkeypatch):
     monkeypatch.setitem(checks.SESSION_KINDS, "mine", mine)
     result = sessions_agree(correct_job, sessions=("mine",))
     assert made == [None] and result.runs == 2
+
+
+def test_a_failing_restart_check_leaves_no_run_behind(monkeypatch):
+    # the kill after the failing one was under way: its runs are reaped
+    # with the failure, not by the garbage collector, which would print
+    # "Exception ignored in" once the check's processes were gone
+    import gc
+    import sys
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(JobCheckFailed) as caught:
+        restart_recovers(python_counter_job, sessions=("local",),
+                         faults=[Kill("a", at=Epoch(2)),
+                                 Kill("a", at=Epoch(3))])
+    assert caught.value.counterexample["fault"] == Kill("a", at=Epoch(2))
+    del caught
+    gc.collect()
+    assert unraisable == []
