@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from localcluster import Job, Node, Task, epoch_limiter, ops
-from localcluster.testing import (Epoch, JobCheckFailed, Kill, check_job,
-                                  restart_recovers,
+from localcluster.testing import (Epoch, JobCheckFailed, Kill, Op,
+                                  Schedule, check_job, restart_recovers,
                                   resume_equals_uninterrupted,
                                   schedule_independent, sessions_agree)
 
@@ -70,19 +70,28 @@ def test_a_correct_job_passes_every_check():
     check_job(correct_job, max_examples=4)
 
 
-def test_an_unsynchronized_race_fails_schedule_independent_with_its_seed():
+def test_an_unsynchronized_race_fails_schedule_independent_with_its_schedule():
     with pytest.raises(JobCheckFailed) as caught:
         schedule_independent(racy_job)
     failed = caught.value
-    first, other = failed.counterexample["seeds"]
-    assert first == 0 and other >= 1
-    assert f"seed {other}" in str(failed) and "'x'" in str(failed)
-    # the replay runs just those two seeds, and fails the same way
-    assert f"seeds=[0, {other}]" in failed.replay
+    example = failed.counterexample
+    assert set(example) == {"schedule", "preemptions", "seed",
+                            "interleavings"}
+    # the failing seed's schedule, shrunk to the switches that matter
+    schedule = example["schedule"]
+    assert isinstance(schedule, Schedule) and schedule.switched
+    assert 1 <= example["preemptions"] <= len(schedule.switched)
+    assert example["interleavings"] >= 2
+    assert f"schedule seed {example['seed']} " in str(failed)
+    assert f"{example['preemptions']} preemption(s)" in str(failed)
+    assert "'x'" in str(failed)
+    # the replay runs just that schedule, and fails the same way
+    assert f"schedules=[{schedule!r}]" in failed.replay
     with pytest.raises(JobCheckFailed) as again:
         exec(failed.replay, {})
-    assert again.value.counterexample == failed.counterexample
-    assert str(again.value) == str(failed)
+    assert again.value.counterexample["schedule"] == schedule
+    assert again.value.counterexample["preemptions"] == \
+        example["preemptions"]
 
 
 def test_state_outside_the_checkpoints_fails_resume_naming_the_epoch():
@@ -105,10 +114,13 @@ def test_state_outside_the_checkpoints_fails_restart_with_the_kill():
     with pytest.raises(JobCheckFailed) as caught:
         restart_recovers(python_counter_job, sessions=("localhost",))
     failed = caught.value
-    # a node process restarted in epoch 2 forgets the count it kept; in
-    # epoch 1 the fresh count happens to be right
-    assert failed.counterexample == {"fault": Kill("a", at=Epoch(2)),
-                                     "session": "localhost"}
+    # the run resumed in a fresh process after a kill in epoch 2 (at the
+    # second epoch's CountDown: the drawn kills try an epoch first, then
+    # an op) counts from the wrong place; a kill in epoch 1 resumes from
+    # epoch 0, where the fresh count happens to be right
+    assert failed.counterexample == {
+        "fault": Kill("a", at=Op("CountDown", 2)), "session": "local"}
+    assert "'seen'" in str(failed)
     with pytest.raises(JobCheckFailed) as again:
         exec(failed.replay, {})
     assert again.value.counterexample == failed.counterexample
@@ -123,8 +135,9 @@ def test_tolerances_from_the_jobs_options_are_used():
         # the options make tiny differences acceptable
         return job, {"rtol": 1e-6}
 
-    sessions_agree(wobbly, sessions=("local", "local"))
-    assert calls[0] == 2
+    result = sessions_agree(wobbly, sessions=("local", "local"))
+    # a fresh job for each run, and one the check read the options from
+    assert calls[0] == result.runs + 1 == 3
 
 
 def test_a_build_that_returns_no_job_is_a_type_error():
