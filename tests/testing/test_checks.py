@@ -85,6 +85,9 @@ def test_an_unsynchronized_race_fails_schedule_independent_with_its_schedule():
     assert f"schedule seed {example['seed']} " in str(failed)
     assert f"{example['preemptions']} preemption(s)" in str(failed)
     assert "'x'" in str(failed)
+    # the failing run is named by the switches the counter-example gives
+    assert f"after the schedule of {len(schedule.switched)} switches" \
+        in failed.message
     # the replay runs just that schedule, and fails the same way
     assert f"schedules=[{schedule!r}]" in failed.replay
     with pytest.raises(JobCheckFailed) as again:
@@ -92,6 +95,7 @@ def test_an_unsynchronized_race_fails_schedule_independent_with_its_schedule():
     assert again.value.counterexample["schedule"] == schedule
     assert again.value.counterexample["preemptions"] == \
         example["preemptions"]
+    assert failed.message.startswith(again.value.message)
 
 
 def test_state_outside_the_checkpoints_fails_resume_naming_the_epoch():
