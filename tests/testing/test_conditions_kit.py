@@ -172,7 +172,7 @@ def test_bad_arguments_name_the_argument(kwargs, message):
 # -- the checks ---------------------------------------------------------------
 
 def test_a_timing_independent_job_passes_every_check_under_conditions():
-    check_job(fed_job, max_examples=2, conditions=[
+    check_job(fed_job, max_examples=2, max_kills=2, conditions=[
         Link("a", "b", latency=0.002, bandwidth=1e6, jitter=0.001, seed=1),
         Slowdown("b", 2)])
 
@@ -186,15 +186,32 @@ def test_a_result_that_depends_on_arrival_times_fails_naming_the_link():
                   conditions=[SLOW_LINK], max_examples=4)
     failed = caught.value
     assert failed.check == "schedule_independent"
-    assert failed.counterexample == {"seeds": (0, 0),
-                                     "conditions": [SLOW_LINK]}
-    assert repr(SLOW_LINK) in failed.message and "seed 0" in failed.message
+    # the first seed fails, and the interleaving it takes is the one
+    # without preemptions
+    assert failed.counterexample == {
+        "schedule": Schedule.switches([]), "preemptions": 0, "seed": 0,
+        "interleavings": 2, "conditions": [SLOW_LINK]}
+    assert repr(SLOW_LINK) in failed.message
+    assert "schedule seed 0" in failed.message
     assert "'seen' on node 'b'" in failed.message
     assert "the result depends on the conditions" in failed.message
     assert f"conditions=[{SLOW_LINK!r}]" in failed.replay
     with pytest.raises(JobCheckFailed) as again:
         exec(failed.replay, {})
-    assert str(again.value) == str(failed)
+    assert_fails_alike(again.value, failed)
+
+
+def assert_fails_alike(again, failed):
+    """``again`` (what a replay line raised) is ``failed``'s failure: the
+    same schedule, conditions and difference."""
+    assert again.check == failed.check
+    for key in ("schedule", "preemptions", "conditions"):
+        assert again.counterexample[key] == failed.counterexample[key]
+    assert again.replay == failed.replay
+    assert again.message.split(" after ")[0] == \
+        failed.message.split(" after ")[0]
+    assert again.message.split("; ")[1:] == \
+        failed.message.split(" -- shrunk")[0].split("; ")[1:]
 
 
 def test_a_slow_node_matters_when_ops_take_virtual_time():
@@ -222,7 +239,7 @@ def test_a_strategy_is_drawn_per_seed_and_its_failure_shrunk():
     assert found[0].latency > 0.001 and repr(found[0]) in failed.message
     with pytest.raises(JobCheckFailed) as again:
         exec(failed.replay, {})
-    assert str(again.value) == str(failed)
+    assert_fails_alike(again.value, failed)
 
 
 def test_a_strategy_finds_nothing_wrong_with_a_timing_independent_job():
@@ -233,22 +250,33 @@ def test_a_strategy_finds_nothing_wrong_with_a_timing_independent_job():
 def test_conditions_reach_every_session_but_the_reference(monkeypatch):
     opened = []
 
-    def spy(**kwargs):
-        opened.append(kwargs.get("conditions"))
-        return LocalSession(**kwargs)
-    monkeypatch.setitem(checks.SESSION_KINDS, "spy", spy)
+    def spy(kind):
+        def open_(**kwargs):
+            opened.append((kind, kwargs.get("conditions")))
+            return LocalSession(**kwargs)
+        return open_
+    # a kind the checks do not know runs in this process, where the spy
+    # sees it; so does "local", replaced by a spy too
+    monkeypatch.setitem(checks.SESSION_KINDS, "spy", spy("spy"))
+    monkeypatch.setitem(checks.SESSION_KINDS, "local", spy("local"))
     link = Link("a", "b", latency=0.0001)
 
+    # the reference: the scheduled run without preemptions
     sessions_agree(fed_job, sessions=("spy", "spy"), conditions=[link])
-    assert opened == [None, [link], [link]]
+    assert opened == [("local", None), ("spy", [link]), ("spy", [link])]
     del opened[:]
+    # references under Schedule(0) and spy, then a resume of each
     resume_equals_uninterrupted(fed_job, sessions=("spy",), epochs=[1],
                                 conditions=link)
-    assert opened == [None, [link]]
+    assert opened == [("local", None), ("local", [link]), ("spy", None),
+                      ("spy", [link])]
     del opened[:]
+    # references; the kill under Schedule(0), its resume and the kill
+    # with a restart
     restart_recovers(fed_job, sessions=("spy",),
                      faults=[Kill("b", at=Epoch(1))], conditions=[link])
-    assert opened == [None, [link], [link]]
+    assert opened == [("local", None), ("spy", None), ("local", [link]),
+                      ("spy", [link]), ("local", [link])]
 
 
 def test_what_is_no_condition_is_refused_before_anything_runs():
