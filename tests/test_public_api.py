@@ -50,9 +50,13 @@ def test_the_testing_kit_exports_what_its_contract_names():
         "ScheduleDivergedError", "check_job", "sessions_agree",
         "resume_equals_uninterrupted", "restart_recovers",
         "schedule_independent", "ALL_CHECKS", "JobCheckFailed", "races",
-        "Race"}
+        "Race", "CheckResult"}
     for name in kit.__all__:
         assert hasattr(kit, name), name
     assert issubclass(kit.JobCheckFailed, AssertionError)
+    # check_job returns {check name: CheckResult}, in the order run
+    assert [c.__name__ for c in kit.ALL_CHECKS] == [
+        "races", "schedule_independent", "sessions_agree",
+        "resume_equals_uninterrupted", "restart_recovers"]
     assert issubclass(kit.DeadlockError, errors.LocalClusterError)
     assert kit.DeadlockError is errors.DeadlockError

@@ -62,10 +62,17 @@ def test_a_bad_fault_plan_is_a_one_line_usage_error(text, says):
 def test_check_passes_on_the_embedded_job():
     done = run("--check", "--epochs", "2", "--max-examples", "2")
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
-    for check in ("sessions_agree", "resume_equals_uninterrupted",
-                  "restart_recovers", "schedule_independent"):
+    verdicts = [line.split(" ... ")[0].strip()
+                for line in done.stdout.splitlines() if " ... " in line]
+    # races first, then the scheduled runs, then the real ones
+    assert verdicts == ["races", "schedule_independent", "sessions_agree",
+                        "resume_equals_uninterrupted", "restart_recovers"]
+    for check in verdicts:
         assert f"{check} ... ok" in done.stdout
-    assert "4 of 4 checks passed" in done.stdout
+    # --max-examples bounds the kills too, and the verdict says so
+    assert "restart_recovers ... ok (" in done.stdout and \
+        " 2 of " in done.stdout.split("restart_recovers ... ok (")[1]
+    assert "5 of 5 checks passed" in done.stdout
 
 
 STATEFUL = textwrap.dedent("""
