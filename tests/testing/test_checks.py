@@ -86,7 +86,7 @@ def test_an_unsynchronized_race_fails_schedule_independent_with_its_schedule():
     assert f"{example['preemptions']} preemption(s)" in str(failed)
     assert "'x'" in str(failed)
     # the failing run is named by the switches the counter-example gives
-    assert f"after the schedule of {len(schedule.switched)} switches" \
+    assert f"after the schedule of {len(schedule.switched)} switch" \
         in failed.message
     # the replay runs just that schedule, and fails the same way
     assert f"schedules=[{schedule!r}]" in failed.replay
@@ -151,17 +151,23 @@ def test_a_build_that_returns_no_job_is_a_type_error():
 
 def test_a_session_kind_a_test_adds_is_the_one_the_checks_open(monkeypatch):
     # SESSION_KINDS is open to tests; a fresh process would not know the
-    # kind, so its runs are made here, by its own factory
+    # kind, so its runs are made here, by its own factory.  "local" is
+    # replaced too, so the reference is made here as well: a job built in
+    # a process that built others may get suffixed generated blob names,
+    # which a fresh process's run of it would not have
     from localcluster import LocalSession
     from localcluster.testing import checks
     made = []
 
-    def mine(**kwargs):
-        made.append(kwargs.get("conditions"))
-        return LocalSession(**kwargs)
-    monkeypatch.setitem(checks.SESSION_KINDS, "mine", mine)
+    def factory(kind):
+        def make(**kwargs):
+            made.append((kind, kwargs.get("conditions")))
+            return LocalSession(**kwargs)
+        return make
+    monkeypatch.setitem(checks.SESSION_KINDS, "mine", factory("mine"))
+    monkeypatch.setitem(checks.SESSION_KINDS, "local", factory("local"))
     result = sessions_agree(correct_job, sessions=("mine",))
-    assert made == [None] and result.runs == 2
+    assert made == [("local", None), ("mine", None)] and result.runs == 2
 
 
 def test_a_failing_restart_check_leaves_no_run_behind(monkeypatch):
