@@ -26,3 +26,13 @@ def test_an_integer_blob_unlike_expected_breaks_the_truth():
     said = truth.judge("the run", blobs(36))
     assert said is not None and "expected=" in said and "36" in said
     assert truth.judge("the run", blobs(55)) is None
+
+
+def test_a_difference_names_both_runs_and_calls_neither_expected():
+    # either run may be the buggy one: each is named by what made it
+    said = difference("schedule seed 3 (pct, depth 2)", blobs([1.0, 2.0]),
+                      "localhost", blobs([1.0, 2.5]), {})
+    assert "is [1. 2.] after schedule seed 3 (pct, depth 2)" in said
+    assert "[1.  2.5] after localhost" in said
+    assert "expected" not in said
+    assert "largest absolute difference 0.5, relative 0.2" in said
