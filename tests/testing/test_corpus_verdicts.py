@@ -224,3 +224,9 @@ def test_a_deadlock_fails_within_seconds_not_at_the_timeout():
     assert time.monotonic() - start < 5.0
     assert failed.value.check == "schedule_independent"
     assert failed.value.counterexample["preemptions"] == 0
+    # the schedule that deadlocks, and a replay line that runs it
+    schedule = failed.value.counterexample["schedule"]
+    assert isinstance(schedule, Schedule)
+    assert "deadlock under the run without preemptions" in \
+        failed.value.message
+    assert f"schedules=[{schedule!r}]" in failed.value.replay
