@@ -194,8 +194,10 @@ def check_runs(name, bases, scratch):
             found["failed"] += 1
             example = failed.counterexample
             found["preemptions"].append(example["preemptions"])
-            if "seed" not in example:
-                found["by_first"] += 1   # the run without preemptions
+            if example["interleavings"] == 1:
+                # only the run without preemptions ran: it failed (its
+                # counter-example names the check's seed too)
+                found["by_first"] += 1
             else:
                 kind = Schedule(example["seed"], "mixed").kind()
                 how = "random" if kind[0] == "random" else f"pct{kind[1]}"
