@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 
 __all__ = ["FreshProcesses", "picklable", "Crossed", "type_name"]
 
@@ -119,7 +120,7 @@ class FreshProcesses:
         # the rest cannot be unpickled
         data = out.encode() + b"\0" + pickle.dumps(
             (build, kind, session_kwargs, directory, resume, max_restarts,
-             max_epochs, timeout))
+             max_epochs, timeout, _warning_filters()))
         try:
             self._proc.stdin.write(struct.pack("<QQ", token, len(data)) +
                                    data)
@@ -275,7 +276,8 @@ def _child(request):
     session_kwargs = {}
     try:
         (build, kind, session_kwargs, directory, resume, max_restarts,
-         max_epochs, timeout) = pickle.loads(request)
+         max_epochs, timeout, filters) = pickle.loads(request)
+        warnings.filters[:] = filters   # what the caller silenced, silent
         with installed_kinds()[kind](**session_kwargs) as session:
             try:
                 got["blobs"], got["last"], _ = train(
@@ -293,6 +295,19 @@ def _child(request):
         result = (True, got)
     with open(out, "wb") as f:
         pickle.dump(result, f)
+
+
+def _warning_filters():
+    """This process's warning filters, as far as they pickle (a test's
+    ``filterwarnings`` holds here: the runs are its runs)."""
+    kept = []
+    for entry in warnings.filters:
+        try:
+            pickle.dumps(entry)
+        except Exception:  # noqa: BLE001 - a filter of an odd kind
+            continue
+        kept.append(entry)
+    return kept
 
 
 def _crossing(exc):

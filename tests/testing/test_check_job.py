@@ -246,3 +246,13 @@ def test_check_job_returns_a_result_per_check_and_prints_nothing(capfd,
     assert results["schedule_independent"].interleavings == 1 + 2
     assert results["restart_recovers"].kills[0] == 3
     assert results["resume_equals_uninterrupted"].runs > 0
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_warnings_the_test_silences_stay_silent_in_the_checks_runs(capfd):
+    """The runs happen in fresh processes; a test's warning filters go
+    with them (a 0/0 the test expects printed its RuntimeWarning from
+    every run of a passing check)."""
+    check_job(nan_job, allow_nonfinite=True, checks=[schedule_independent],
+              max_examples=2)
+    assert "RuntimeWarning" not in capfd.readouterr().err
