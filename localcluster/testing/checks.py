@@ -269,9 +269,12 @@ def schedule_independent(build, *, seeds=None, schedules=None,
                     break
                 schedule, s, cs, outcome = flight.pop(0)
                 out = outcome()
-                if out.key() in seen:
+                # the same decisions under other conditions may still read
+                # other times: only a repeat under the same ones is skipped
+                key = out.key() if cs is None else (out.key(), repr(cs))
+                if key in seen:
                     continue     # an interleaving run already
-                seen.add(out.key())
+                seen.add(key)
                 ran += 1
                 said = _verdict(runs, out, first)
                 if said:
