@@ -23,6 +23,7 @@ from localcluster.testing import (ALL_CHECKS, JobCheckFailed, check_job,
 from localcluster.testing import _check_conditions
 
 import _corpus as corpus
+from _jobs import python_counter_job, scaled_job
 
 # (CheckResult, races and draw_kills are imported by the tests that use
 # them: the others then run, and fail on their own, against a kit
@@ -51,42 +52,8 @@ def nan_job():
     return job
 
 
-def two_nodes():
-    """Nodes "a" and "b" each scale and shift ``w``, three epochs; "a"
-    checkpoints as every node does, and counts the epochs."""
-    with Job() as job:
-        for i, node in enumerate(("a", "b")):
-            with Node(node):
-                with job.init_group, Task():
-                    ops.Const(np.full(3, float(i + 1)), name="w")
-                with Task():
-                    ops.Scale(["w"], ["w"], scale=1.5)
-                    ops.Add(["w", ops.Const(np.ones(3))], ["w"])
-        with Node("a"):
-            epoch_limiter(job, 3)
-    return job
-
-
-#: epochs counted by `count`: Python state, outside every checkpoint
-COUNTED = [0]
-
-
-def count(seen):
-    COUNTED[0] += 1
-    return np.array([COUNTED[0]], dtype=np.int64)
-
-
-def counter_job():
-    """Node "a" writes how many epochs its Python process has counted: a
-    run resumed after a kill counts from the wrong place."""
-    COUNTED[0] = 0
-    with Job() as job, Node("a"):
-        with job.init_group, Task():
-            ops.Const(np.array([0]), name="seen")
-        with Task():
-            ops.Python(count)(["seen"], ["seen"])
-        epoch_limiter(job, 3)
-    return job
+two_nodes = scaled_job
+counter_job = python_counter_job
 
 
 def idle_job():
