@@ -359,12 +359,7 @@ class _Order:
         k = _parting(d.pos, z.pos)
         if k is None:
             return True
-        vid, cd = d.pos[k]
-        cz = z.pos[k][1]
-        visit = self.visits[vid]
-        if visit.concurrent or cd in visit.periodic or cz in visit.periodic:
-            return False
-        return cd < cz
+        return self._in_order(d, z, k)
 
     def strictly_before(self, x, e):
         """Whether every run of ``x`` ends before any run of ``e`` starts
@@ -379,12 +374,18 @@ class _Order:
             visit = self.visits[vid]
             if visit.repeating or visit.instances > 1:
                 return False
-        vid, cx = x.pos[k]
-        ce = e.pos[k][1]
+        return self._in_order(x, e, k)
+
+    def _in_order(self, a, b, k):
+        """Whether ``a`` comes before ``b`` in the visit where their
+        positions part (level ``k``): one after the other, not side by
+        side and neither a periodic step."""
+        vid, ca = a.pos[k]
+        cb = b.pos[k][1]
         visit = self.visits[vid]
-        if visit.concurrent or cx in visit.periodic or ce in visit.periodic:
+        if visit.concurrent or ca in visit.periodic or cb in visit.periodic:
             return False
-        return cx < ce
+        return ca < cb
 
     def before(self, x, z):
         """Whether every run of ``x`` happens before every run of ``z``:
