@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 
-__all__ = ["WatcherProcess"]
+__all__ = ["WatcherProcess", "reap"]
 
 
 class WatcherProcess:
@@ -61,15 +61,7 @@ class WatcherProcess:
         self._process = None
         if self in _started:
             _started.remove(self)
-        try:
-            process.stdin.close()
-        except OSError:
-            pass
-        try:
-            process.wait(wait)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(wait)
+        reap(process, wait)
 
     def _forget(self):
         """In a forked child: close its copy of the pipe, which must end
@@ -94,3 +86,17 @@ def _forget_all():
 
 
 os.register_at_fork(after_in_child=_forget_all)
+
+
+def reap(process, wait):
+    """Close ``process``'s stdin -- its cue to end -- and reap it: killed
+    if it is not gone within ``wait`` seconds."""
+    try:
+        process.stdin.close()
+    except OSError:
+        pass
+    try:
+        process.wait(wait)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(wait)

@@ -45,6 +45,8 @@ import time
 import traceback
 import warnings
 
+from ..sessions._watcher import reap
+
 __all__ = ["FreshProcesses", "picklable", "Crossed", "type_name"]
 
 #: seconds to wait for a child beyond its run's own timeout
@@ -195,15 +197,7 @@ class FreshProcesses:
             except OSError:
                 pass
         self._pending.clear()
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            proc.wait(GRACE)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        reap(proc, GRACE)   # it ends once its children have
         proc.stdout.close()
 
 
@@ -293,28 +287,21 @@ def _child(request):
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     logging.getLogger("localcluster.job").setLevel(logging.ERROR)
     from ..sessions.kinds import installed_kinds
-    from ._check_train import train
-    got = {"log": None, "switches": None, "preemptions": 0}
-    session_kwargs = {}
+    from ._check_train import run_once
     try:
         (build, kind, session_kwargs, directory, resume, max_restarts,
          max_epochs, timeout, filters) = pickle.loads(request)
         warnings.filters[:] = filters   # what the caller silenced, silent
-        with installed_kinds()[kind](**session_kwargs) as session:
-            try:
-                got["blobs"], got["last"], _ = train(
-                    build, session, directory, resume=resume,
-                    max_epochs=max_epochs, timeout=timeout,
-                    max_restarts=max_restarts)
-            finally:
-                if "schedule" in session_kwargs:
-                    got["log"] = [list(d) for d in session.schedule_log]
-                    got["switches"] = list(session.schedule_switches)
-                    got["preemptions"] = session.schedule_preemptions
-        result = (True, got)
+        got = run_once(build, lambda: installed_kinds()[kind](
+            **session_kwargs), directory, resume=resume,
+            max_restarts=max_restarts, max_epochs=max_epochs,
+            timeout=timeout)
     except BaseException as exc:  # noqa: BLE001 - it crosses back
-        got["error"] = _crossing(exc)
-        result = (True, got)
+        got = {"blobs": None, "last": None, "error": exc, "log": None,
+               "switches": None, "preemptions": 0}
+    if got["error"] is not None:
+        got["error"] = _crossing(got["error"])
+    result = (True, got)
     with open(out, "wb") as f:
         pickle.dump(result, f)
 

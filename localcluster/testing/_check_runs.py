@@ -23,7 +23,7 @@ import shutil
 import tempfile
 
 from ..sessions.kinds import installed_kinds
-from ._check_train import final_blobs, make_job, train
+from ._check_train import final_blobs, make_job, run_once, train
 
 __all__ = ["SESSION_KINDS", "make_job", "final_blobs", "train", "Scratch",
            "Runs", "Outcome"]
@@ -94,6 +94,14 @@ class Outcome:
         self.log = self.switches = None
         self.preemptions = 0
 
+    def fill(self, got):
+        """Take what `._check_train.run_once` returns; ``self``."""
+        self.blobs, self.last, self.error = got["blobs"], got["last"], \
+            got["error"]
+        self.log, self.switches = got["log"], got["switches"]
+        self.preemptions = got["preemptions"]
+        return self
+
     def key(self):
         """The interleaving, as a value (two runs with one key ran alike)."""
         return tuple(map(tuple, self.log or ()))
@@ -139,7 +147,7 @@ class Runs:
         """Start a run (see `run`); a function returning its `Outcome`.
 
         Every run is made in a fresh process (`._check_fresh`) when
-        ``build`` can cross and the kind is not ``ray``: no run sees what
+        ``build`` can cross and the kind is one of `FRESH_KINDS`: no run sees what
         another left in this process's memory, and this process can start
         the next run meanwhile; else it runs here, now."""
         from ._check_conditions import session_kwargs
@@ -157,29 +165,11 @@ class Runs:
                 self.build, kind, kwargs, directory, resume=resume,
                 max_restarts=max_restarts, max_epochs=self.max_epochs,
                 timeout=self.timeout)
-
-            def collect():
-                got = self.fresh.collect(token)
-                out.blobs, out.last = got.get("blobs"), got.get("last")
-                out.error = got.get("error")
-                out.log, out.switches = got["log"], got["switches"]
-                out.preemptions = got["preemptions"]
-                return out
-            return collect
-        try:
-            with self.scratch.session(kind, **kwargs) as session:
-                try:
-                    out.blobs, out.last, _ = train(
-                        self.build, session, directory, resume=resume,
-                        max_epochs=self.max_epochs, timeout=self.timeout,
-                        max_restarts=max_restarts)
-                finally:
-                    if schedule is not None:
-                        out.log = [list(d) for d in session.schedule_log]
-                        out.switches = list(session.schedule_switches)
-                        out.preemptions = session.schedule_preemptions
-        except Exception as exc:  # noqa: BLE001 - the check judges it
-            out.error = exc
+            return lambda: out.fill(self.fresh.collect(token))
+        out.fill(run_once(
+            self.build, lambda: self.scratch.session(kind, **kwargs),
+            directory, resume=resume, max_restarts=max_restarts,
+            max_epochs=self.max_epochs, timeout=self.timeout))
         return lambda: out
 
     def reference(self, kind, schedule=None):

@@ -10,7 +10,7 @@ from ..checkpoint.manager import MultiNodeCheckpointManager
 from ..job import Job, JobRunner, epoch_limiter
 from ..task import Node
 
-__all__ = ["make_job", "final_blobs", "train"]
+__all__ = ["make_job", "final_blobs", "train", "run_once"]
 
 
 def make_job(build, max_epochs):
@@ -49,3 +49,27 @@ def train(build, session, directory, *, max_epochs=None, timeout=None,
                        timeout=timeout)
     last = runner.train(session)
     return final_blobs(session, job), last, options
+
+
+def run_once(build, open_session, directory, *, resume=None,
+             max_restarts=0, max_epochs=None, timeout=None):
+    """One training in the session ``open_session()`` opens, as a dict:
+    ``blobs`` and ``last`` (None if it raised ``error``) and, under a
+    schedule, the session's ``log``, ``switches`` and ``preemptions``."""
+    got = {"blobs": None, "last": None, "error": None, "log": None,
+           "switches": None, "preemptions": 0}
+    try:
+        with open_session() as session:
+            try:
+                got["blobs"], got["last"], _ = train(
+                    build, session, directory, resume=resume,
+                    max_epochs=max_epochs, timeout=timeout,
+                    max_restarts=max_restarts)
+            finally:
+                if getattr(session, "schedule", None) is not None:
+                    got["log"] = [list(d) for d in session.schedule_log]
+                    got["switches"] = list(session.schedule_switches)
+                    got["preemptions"] = session.schedule_preemptions
+    except Exception as exc:  # noqa: BLE001 - the check judges it
+        got["error"] = exc
+    return got
