@@ -108,7 +108,11 @@ def verdict(table, row):
     try:
         return check_job(build, **kwargs)
     except JobCheckFailed as failed:
-        return failed
+        # kept without its traceback, whose frames would keep the check's
+        # jobs alive -- and a job alive in this process suffixes the names
+        # a job built later generates, in other test modules too
+        return JobCheckFailed(failed.check, failed.message,
+                              failed.counterexample, failed.replay)
 
 
 def rows(table, what, failing_only=False):
