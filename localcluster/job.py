@@ -28,6 +28,8 @@ further epoch (only the upload, download and exit steps).
 """
 
 import logging
+import os
+import re
 import time
 import warnings
 
@@ -36,6 +38,7 @@ import numpy as np
 from .context import Managed
 from .errors import (CheckpointError, CheckpointWarning, NodeFailedError,
                      PlanError, RunTimeoutError, TaskFailedError)
+from .plan.instances import expand_nodes
 from .plan.net import BlobRef, Net
 from .plan.preflight import check_fault_nodes
 from .plan.validate import check_seconds
@@ -98,10 +101,26 @@ class Job(Managed):
         super().__exit__(*exc)
 
     def nodes_to_checkpoint(self):
-        """The nodes given to the constructor, else the init group's."""
+        """The nodes given to the constructor, else the init group's (a
+        prototype's instances in its place: each checkpoints its own
+        file)."""
         if self._nodes_to_checkpoint is not None:
-            return list(self._nodes_to_checkpoint)
+            counts = self.prototypes()
+            return list(expand_nodes(
+                self._nodes_to_checkpoint,
+                lambda n: {"num_instances": counts[n]} if n in counts
+                else None))
         return self.init_group.used_nodes()
+
+    def prototypes(self):
+        """``{name: number of instances}`` of the job's node prototypes."""
+        found = {}
+        for _, group in self.printable_groups():
+            for task in group._all_tasks():
+                count = (task.node_kwargs or {}).get("num_instances")
+                if count is not None:
+                    found[task.node] = count
+        return found
 
     def add_stop_condition(self, output):
         """Stop after the epoch in which ``output`` (a TaskOutput, or a blob
@@ -121,12 +140,10 @@ class Job(Managed):
 
     def nodes(self):
         """Every node a group of the job uses, in order of first use."""
-        nodes = []
+        nodes = {}
         for _, group in self.printable_groups():
-            for node in group.used_nodes():
-                if node not in nodes:
-                    nodes.append(node)
-        return nodes
+            nodes.update(dict.fromkeys(group.used_nodes()))
+        return list(nodes)
 
 
 def _global_group(group, what):
@@ -343,6 +360,7 @@ class JobRunner:
                 self._save(session, 0)
             return 0
         log.info("resuming from epoch %d", resume)
+        _check_same_instances(cm, resume, self.job.prototypes())
         missing = cm.nodes_without(resume, nodes)
         if missing:
             raise CheckpointError(
@@ -462,6 +480,25 @@ def _check_same_nodes(cm, epoch, nodes):
         + (f" (new in this job: {new})" if new else "")
         + "; resume the job that wrote them (the same nodes), or start "
         "over in another directory")
+
+
+def _check_same_instances(cm, epoch, prototypes):
+    """A `CheckpointError` when the checkpoints of ``epoch`` hold another
+    number of instances of a prototype of the job than it has now."""
+    try:
+        names = os.listdir(cm.db_prefix)
+    except OSError:
+        return   # what is missing is the next check's to say
+    for name, count in sorted(prototypes.items()):
+        found = {m.group(1) for m in map(re.compile(
+            rf"{re.escape(name)}_(\d+)\.{int(epoch)}$").match, names) if m}
+        if found and len(found) != count:
+            raise CheckpointError(
+                f"cannot resume from epoch {epoch}: its checkpoints under "
+                f"{cm.db_prefix} hold {len(found)} instance(s) of prototype "
+                f"Node({name!r}), but this job has num_instances={count}; "
+                f"resume with num_instances={len(found)}, or start over in "
+                "another directory")
 
 
 def _what_failed(exc):

@@ -70,7 +70,10 @@ def _render_group(group, depth, lines):
                  f"TaskGroup ({group.workspace_type()}) on "
                  f"{len(nodes)} node(s): {', '.join(nodes) or '-'}")
     for task in grouped.tasks():
-        lines.append(_INDENT * (depth + 1) + f"node {task.node}:")
+        count = (task.node_kwargs or {}).get("num_instances")
+        lines.append(_INDENT * (depth + 1) + f"node {task.node}" + (
+            f" (prototype: {count} instances {task.node}_0.."
+            f"{task.node}_{count - 1})" if count is not None else "") + ":")
         _render_task(task, depth + 2, lines)
 
 

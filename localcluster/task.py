@@ -34,6 +34,7 @@ from .plan.builder import NetBuilder
 from .plan.conditions import Link, as_conditions
 from .plan.group_plan import GroupPlan, as_node_plans, periodic_step
 from .plan.grouping import TaskPlan, grouped_task_name, task_step
+from .plan.instances import expand_nodes
 from .plan.node_plan import (NodePlan, WorkspaceType, as_workspace_type,
                               check_node_name, check_node_options)
 from .plan.setup import (LOCAL_SETUP, REPORT_STEP, TASK_INSTANCE_SETUP,
@@ -65,8 +66,14 @@ class Cluster(DefaultManaged):
         self._node_kwargs[name] = merged
 
     def nodes(self):
-        """Node names, in order of first registration."""
+        """Node names, in order of first registration (a prototype once,
+        by its own name: see `instances`)."""
         return list(self._nodes)
+
+    def instances(self):
+        """The names of the nodes a session runs, in order: each
+        prototype's instances ``<name>_0`` ... in its place."""
+        return list(expand_nodes(self._nodes, self._node_kwargs.get))
 
     def node_kwargs(self):
         """``{node name: kwargs}`` (see `NODE_OPTIONS`)."""
@@ -82,10 +89,17 @@ class Cluster(DefaultManaged):
 
 
 class Node(DefaultManaged):
-    """A named place where tasks run; ``with Node('trainer'):``."""
+    """A named place where tasks run; ``with Node('trainer'):``.
 
-    def __init__(self, node="local", **kwargs):
+    ``Node('trainer', num_instances=N)`` is a prototype: its tasks are
+    built once, and every session runs N instances of it, named
+    ``trainer_0`` ... ``trainer_{N-1}`` (see `localcluster.plan.instances`).
+    """
+
+    def __init__(self, node="local", num_instances=None, **kwargs):
         self._name = check_node_name(str(node))
+        if num_instances is not None:
+            kwargs["num_instances"] = num_instances
         check_node_options(self._name, kwargs)
         self._kwargs = kwargs
         Cluster.current().add_node(self)
@@ -102,6 +116,11 @@ class Node(DefaultManaged):
 
     def kwargs(self):
         return dict(self._kwargs)
+
+    @property
+    def num_instances(self):
+        """N of a prototype, else None."""
+        return self._kwargs.get("num_instances")
 
 
 class Task(Managed):
@@ -321,11 +340,13 @@ class TaskGroup(Managed):
         return len(self._all_tasks())
 
     def used_nodes(self):
-        used = []
+        """The names of the nodes the group runs on, in order of first use
+        (a prototype's instances in its place)."""
+        used = {}
         for t in self._all_tasks():
             if t.node not in used:
-                used.append(t.node)
-        return used
+                used[t.node] = t.node_kwargs
+        return list(expand_nodes(used, used.get))
 
     def workspace_type(self):
         return self._plan.workspace_type or WorkspaceType.PRIVATE

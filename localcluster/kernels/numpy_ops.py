@@ -305,6 +305,22 @@ def timer_get(ctx, timer):
     return _elapsed(ctx, timer)
 
 
+# -- the node ------------------------------------------------------------------
+
+@register_op("NodeIndex", context=True)
+def node_index(ctx):
+    """The index of the prototype instance running the op (int64 scalar;
+    0 on a plain node)."""
+    return np.array(ctx.resources.get("instance", (0, 1))[0], dtype=np.int64)
+
+
+@register_op("NodeCount", context=True)
+def node_count(ctx):
+    """The number of instances of the prototype running the op (int64
+    scalar; 1 on a plain node)."""
+    return np.array(ctx.resources.get("instance", (0, 1))[1], dtype=np.int64)
+
+
 # -- host interaction -----------------------------------------------------------
 
 @register_op("Print", num_outputs=0, context=True)

@@ -13,15 +13,16 @@ from ..errors import PlanError
 
 __all__ = ["WorkspaceType", "NodePlan", "as_workspace_type",
            "NODE_OPTIONS", "check_node_name", "check_node_options",
-           "process_options"]
+           "process_options", "check_num_instances"]
 
-#: the options a node may carry (NodePlan.node_kwargs)
+#: the options a node may carry (NodePlan.node_kwargs); ``num_instances``
+#: makes the node a prototype (`localcluster.plan.instances`)
 NODE_OPTIONS = ("cpus", "memory_limit", "env", "resources", "placement",
-                "slowdown")
+                "slowdown", "num_instances")
 
 
 #: options that hold for a run, not for the process a node runs in
-RUN_OPTIONS = ("slowdown",)
+RUN_OPTIONS = ("slowdown", "num_instances")
 
 
 def process_options(kwargs):
@@ -71,13 +72,18 @@ def check_node_options(name, kwargs):
         raise PlanError(
             f"Node({name!r}) got unknown option(s) "
             f"{', '.join(unknown)}; options are {', '.join(NODE_OPTIONS)}")
+    count = kwargs.get("num_instances")
+    if count is not None:
+        check_num_instances(name, count)
     cpus = kwargs.get("cpus")
-    if cpus is not None and (not isinstance(cpus, (list, tuple)) or not cpus or
-                             not all(isinstance(c, int) and c >= 0
-                                     for c in cpus)):
+    if cpus is not None and not _cpu_ids(cpus) and not (
+            count is not None and isinstance(cpus, (list, tuple)) and cpus
+            and all(_cpu_ids(c) for c in cpus)):
         raise PlanError(
-            f"Node({name!r}): cpus must be a non-empty list of CPU ids, got "
-            f"{cpus!r}")
+            f"Node({name!r}): cpus must be a non-empty list of CPU ids"
+            + (" (or, for a prototype, a list of such lists, spread over "
+               "its instances)" if count is not None else "")
+            + f", got {cpus!r}")
     limit = kwargs.get("memory_limit")
     if limit is not None and (isinstance(limit, bool) or
                               not isinstance(limit, int) or limit <= 0):
@@ -93,6 +99,21 @@ def check_node_options(name, kwargs):
     if kwargs.get("slowdown") is not None:
         from .conditions import check_slowdown
         check_slowdown(kwargs["slowdown"], f"Node({name!r}, slowdown)")
+
+
+def _cpu_ids(cpus):
+    return isinstance(cpus, (list, tuple)) and bool(cpus) and all(
+        isinstance(c, int) and not isinstance(c, bool) and c >= 0
+        for c in cpus)
+
+
+def check_num_instances(name, count):
+    """Raise `PlanError` unless ``count`` may be node ``name``'s
+    ``num_instances``."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise PlanError(
+            f"Node({name!r}): num_instances must be an int >= 1, got "
+            f"{count!r}")
 
 
 def _check_engine_options(name, kwargs):
@@ -120,25 +141,48 @@ def _check_engine_options(name, kwargs):
 
 
 class NodePlan:
-    """What a session hands the runtime for one node of one group run."""
+    """What a session hands the runtime for one node of one group run.
+
+    A prototype's plan (``node_kwargs["num_instances"]``) is expanded by
+    the session into one plan per instance (`plan.instances`): each has
+    the instance's name, the prototype's step (the same object), its
+    ``index`` and ``count``, and ``origin``, the prototype's plan -- what
+    a session that sends plans packs, once for all instances.
+    """
 
     __slots__ = ("node", "step", "workspace_type", "outputs", "node_kwargs",
-                 "__weakref__")
+                 "index", "count", "origin", "__weakref__")
 
-    def __init__(self, node, step, workspace_type, outputs, node_kwargs=None):
+    def __init__(self, node, step, workspace_type, outputs, node_kwargs=None,
+                 index=None, count=None, origin=None):
         self.node = node
         self.step = step
         self.workspace_type = workspace_type
         self.outputs = tuple(outputs)
         self.node_kwargs = dict(node_kwargs or {})  # see NODE_OPTIONS
+        self.index = index     # an instance's index, else None
+        self.count = count if count is not None else \
+            self.node_kwargs.get("num_instances")   # a prototype's N
+        self.origin = origin   # an instance's prototype plan, else None
 
     def __getstate__(self):
         return (self.node, self.step, self.workspace_type, self.outputs,
-                self.node_kwargs)
+                self.node_kwargs, self.index, self.count)
 
     def __setstate__(self, state):
         (self.node, self.step, self.workspace_type, self.outputs,
-         self.node_kwargs) = state
+         self.node_kwargs, self.index, self.count) = state
+        self.origin = None
+
+    def instance_of(self, node):
+        """``(index, count)`` of the instance ``node`` running this plan:
+        ``(0, 1)`` for a plain node's plan."""
+        if self.count is None:
+            return 0, 1
+        if self.index is not None:
+            return self.index, self.count
+        # the prototype's own plan, run by the instance it was sent to
+        return int(str(node).rsplit("_", 1)[1]), self.count
 
     def __repr__(self):
         return f"NodePlan({self.node!r}, {self.step!r}, {self.workspace_type})"

@@ -102,9 +102,10 @@ class NodeRuntime:
                                self.cancelled)
         #: plan -> `queue_writers` of it (plans this node ran)
         self._writers = weakref.WeakKeyDictionary()
+        self._resources = {"workspace": self.workspace, "queues": self._hub,
+                           "instance": (0, 1)}
         self._rc = RunContext(self.name, self.workspace.lock, self.cancelled,
-                              {"workspace": self.workspace,
-                               "queues": self._hub})
+                              self._resources)
         self.faults = faults if faults else None
         if self.faults is not None:
             faults.cancelled = self.cancelled
@@ -148,6 +149,8 @@ class NodeRuntime:
         what the run raised: `TaskFailedError`, `Cancelled`, ..."""
         if not isinstance(plan, NodePlan):
             plan = self.plan(plan)
+        # what ops.NodeIndex() / ops.NodeCount() give in this run
+        self._resources["instance"] = plan.instance_of(self.name)
         self._begin(run_id, channels, trace, clock, conditions,
                     self._queue_writers(plan))
         start = time.perf_counter()

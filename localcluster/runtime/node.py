@@ -28,7 +28,7 @@ def run_node_plan(plan, workspace, rc, copy_outputs=True):
         value = run_ws.get_or_none(name)
         if value is None:
             raise BlobNotFoundError(
-                name, plan.node,
+                name, rc.node,
                 "it is an output of a task, but no blob of that name was in "
                 "the task's workspace when the run ended; outputs must be "
                 "written by the task itself, not only inside a task instance "

@@ -43,6 +43,8 @@ class Prepared:
         return prepared, shared
 
     def _one(self, plan):
+        # a prototype's instances share its plan: packed once, one id
+        plan = plan.origin or plan
         found = self._prepared.get(plan)
         if found is None:
             found = (next(self._ids), pack_plan(plan, self._dumps),

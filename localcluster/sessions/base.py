@@ -28,6 +28,7 @@ from ..errors import (BlobNotFoundError, PlanError, RunTimeoutError,
 from ..plan.builder import NetBuilder
 from ..plan.conditions import as_conditions
 from ..plan.faults import Kill, as_fault_plan
+from ..plan.instances import expand_nodes, expand_plans, instance_names
 from ..plan.net import Net, plan_epoch
 from ..plan.node_plan import WorkspaceType, as_workspace_type
 from ..plan.step import ExecutionStep, to_execution_step
@@ -207,9 +208,14 @@ class Session:
                 self._nodes_of_run = ()
                 self.run_conditions = None
                 self._sync_faults()
-        for node, output in outputs:
-            values = results[node]
-            output.set([values[n] for n in output.names])
+        for node, count, output in outputs:
+            if count is None:
+                values = results[node]
+                output.set([values[n] for n in output.names])
+            else:   # a prototype's: each blob's values, by instance
+                each = [results[i] for i in instance_names(node, count)]
+                output.set([[values[n] for values in each]
+                            for n in output.names])
 
     def validate(self, runnable, workspace_type=None):
         """Check ``runnable`` as `run` would before it starts anything, and
@@ -286,14 +292,17 @@ class Session:
         self.last_run_seconds[node] = time.monotonic() - self._run_started
 
     def _node_plans(self, group):
-        """``group.node_plans()`` and the group's ``(node, TaskOutput)``
-        pairs, made once while no net changes."""
+        """``group.node_plans()`` -- a prototype's expanded into its
+        instances' -- and the group's ``(node, instances, TaskOutput)``
+        triples (instances: a prototype's N, else None), made once while
+        no net changes."""
         cached = self._plans.get(group)
         if cached is not None and cached[0] == plan_epoch():
             return cached[1]
-        plans = group.node_plans()
+        plans = expand_plans(group.node_plans())
         check_queue_ends(plans, repr(group))
-        outputs = [(task.node, output)
+        outputs = [(task.node, task.node_kwargs.get("num_instances"),
+                    output)
                    for task in group.tasks_by_node().tasks()
                    for output in task.outputs()]
         self._plans[group] = (plan_epoch(), (plans, outputs))
@@ -315,7 +324,8 @@ class Session:
         else:
             names = [str(n) for n in nodes]
             kwargs = Cluster.current().node_kwargs()
-        return {n: kwargs.get(n, {}) for n in names}
+        # a prototype's name stands for its instances
+        return expand_nodes(names, lambda n: kwargs.get(n, {}))
 
     @property
     def log_dir(self):
