@@ -58,14 +58,37 @@ def apply_cpus(job, specs):
                              f"usable here; this process may use cpus "
                              f"{_ranges(available)}")
         chosen.update(dict.fromkeys(matched, cpus))
+    pinned = _by_task_node(job, chosen)
     for _, group in job.printable_groups():
         for task in group.tasks():
-            if task.node in chosen:
+            if task.node in pinned:
                 task.node_kwargs = dict(task.node_kwargs or {},
-                                        cpus=list(chosen[task.node]))
+                                        cpus=pinned[task.node])
+    instances = {f"{name}_{i}" for name, count in job.prototypes().items()
+                 for i in range(count)}
     for node, cpus in chosen.items():
-        Node(node, cpus=list(cpus))
+        if node not in instances:   # a prototype's tasks carry its own
+            Node(node, cpus=list(cpus))
     return chosen
+
+
+def _by_task_node(job, chosen):
+    """``{task node: cpus option}`` of ``chosen`` (``{node: cpus}``): a
+    prototype some of whose instances are pinned gets one CPU list per
+    instance (its own, or every usable CPU for one not pinned), which
+    `Node(cpus=[[...], ...])` spreads over them."""
+    pinned = {node: list(cpus) for node, cpus in chosen.items()}
+    available = sorted(os.sched_getaffinity(0))
+    for name, count in job.prototypes().items():
+        each = [chosen.get(f"{name}_{i}") for i in range(count)]
+        if all(c is None for c in each):
+            continue
+        if all(c == each[0] for c in each):
+            pinned[name] = list(each[0])
+        else:
+            pinned[name] = [list(c) if c is not None else available
+                            for c in each]
+    return pinned
 
 
 def _ranges(cpus):

@@ -1,0 +1,102 @@
+"""Node prototypes and the options that name nodes: ``--cpus`` patterns
+and CPU lists, fault plans, conditions and logs take instance names."""
+
+import os
+
+import numpy as np
+import psutil
+import pytest
+
+from localcluster import (Job, JobRunner, Link, LocalHostScheduler,
+                          MultiNodeCheckpointManager, Node, Queue, Task,
+                          epoch_limiter, ops)
+from localcluster.cli.cpus import apply_cpus
+from localcluster.testing import Epoch, FaultPlan, Kill
+
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+def _job(count=3, epochs=2, **node_options):
+    queue = Queue(4, name="to_ps")
+    with Job() as job:
+        with Node("trainer", num_instances=count, **node_options):
+            with job.init_group, Task(name="w"):
+                ops.Cast([ops.NodeIndex()], ["w"], to="float64")
+            with Task(name="step"):
+                ops.Add(["w", ops.Const(1.0)], ["w"])
+                queue.writer().write_record(ops.net(), {"w": "w"})
+        with Node("ps"):
+            with job.init_group, Task(name="tot"):
+                ops.ConstantFill([], ["tot"], value=0.0)
+            with Task(name="gather"):
+                with ops.loop(count):
+                    _, record = queue.reader().read_record(ops.net())
+                    ops.Add(["tot", record["w"]], ["tot"])
+            epoch_limiter(job, epochs)
+    return job
+
+
+def _affinity(session, node):
+    return sorted(psutil.Process(session.node_pids()[node]).cpu_affinity())
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="two CPU sets need two CPUs")
+def test_cpus_patterns_pin_each_instance_of_a_prototype(tmp_path):
+    first, last = CPUS[0], CPUS[-1]
+    job = _job()
+    chosen = apply_cpus(job, [("trainer_*", [first]), ("trainer_2", [last])])
+    assert chosen == {"trainer_0": [first], "trainer_1": [first],
+                      "trainer_2": [last]}
+    with LocalHostScheduler() as session:
+        JobRunner(job, MultiNodeCheckpointManager(str(tmp_path))).train(
+            session)
+        assert [_affinity(session, f"trainer_{i}") for i in range(3)] == [
+            [first], [first], [last]]
+        assert _affinity(session, "ps") == CPUS
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="two CPU sets need two CPUs")
+def test_cpus_as_a_list_of_lists_spreads_the_instances(tmp_path):
+    first, last = CPUS[0], CPUS[-1]
+    job = _job(count=3, cpus=[[first], [last]])
+    with LocalHostScheduler() as session:
+        JobRunner(job, MultiNodeCheckpointManager(str(tmp_path))).train(
+            session)
+        assert [_affinity(session, f"trainer_{i}") for i in range(3)] == [
+            [first], [last], [first]]
+
+
+def test_a_killed_instance_is_restarted_and_the_job_ends_as_uninterrupted(
+        tmp_path, session_factory):
+    with session_factory() as session:
+        JobRunner(_job(epochs=3), MultiNodeCheckpointManager(
+            str(tmp_path / "a"))).train(session)
+        expected = float(session.fetch_blob("tot", "ps"))
+    faults = FaultPlan(Kill("trainer_1", at=Epoch(2)))
+    with session_factory(faults=faults) as session:
+        JobRunner(_job(epochs=3), MultiNodeCheckpointManager(
+            str(tmp_path / "b")), max_restarts=1).train(session)
+        assert float(session.fetch_blob("tot", "ps")) == expected
+        assert [f.node for f in faults.fired()] == ["trainer_1"]
+
+
+def test_conditions_and_logs_name_the_instances(tmp_path):
+    job = _job()
+    links = [Link("trainer_*", "ps", latency=0.001)]
+    with LocalHostScheduler(conditions=links, log_dir=tmp_path / "logs",
+                            log_echo=False) as session:
+        JobRunner(job, MultiNodeCheckpointManager(str(tmp_path / "c"))).train(
+            session)
+        assert float(session.fetch_blob("tot", "ps")) == 15.0
+    logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert logs == ["ps.log", "trainer_0.log", "trainer_1.log",
+                    "trainer_2.log"]
+
+
+def test_a_fault_naming_the_prototype_rather_than_an_instance_is_refused(
+        tmp_path):
+    faults = FaultPlan(Kill("trainer", at=Epoch(1)))
+    with LocalHostScheduler(faults=faults) as session:
+        with pytest.raises(Exception, match="trainer_0"):
+            JobRunner(_job(), MultiNodeCheckpointManager(
+                str(tmp_path))).train(session)
