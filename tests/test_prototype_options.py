@@ -100,3 +100,21 @@ def test_a_fault_naming_the_prototype_rather_than_an_instance_is_refused(
         with pytest.raises(Exception, match="trainer_0"):
             JobRunner(_job(), MultiNodeCheckpointManager(
                 str(tmp_path))).train(session)
+
+
+def test_a_checkpoint_lists_a_prototypes_instances_in_one_entry(tmp_path):
+    from localcluster import LocalSession
+    from localcluster.checkpoint.fileformat import read_manifest
+    manager = MultiNodeCheckpointManager(str(tmp_path))
+    with LocalSession() as session:
+        JobRunner(_job(count=200, epochs=1), manager).train(session)
+    manifest = read_manifest(str(tmp_path / "trainer_7.1"), node="trainer_7",
+                             epoch=1)
+    assert sorted(manifest["job_nodes"], key=str) == [["trainer", 200], "ps"]
+    # and a manager that reads them back knows every node of the job
+    fresh = MultiNodeCheckpointManager(str(tmp_path))
+    assert fresh.get_resume_from_epoch_id() == 1
+    assert len(fresh._nodes_for_files()) == 201
+    (tmp_path / "trainer_150.1").unlink()
+    assert MultiNodeCheckpointManager(
+        str(tmp_path)).get_resume_from_epoch_id() == 0

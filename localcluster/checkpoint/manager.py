@@ -63,12 +63,43 @@ class MetadataHandler:
 
 def _job_nodes(manifest):
     """The job's checkpointed nodes a manifest lists (none if it lists
-    none, or not as a list of names)."""
+    none, or not as `compact_nodes` writes them)."""
     listed = manifest.get("job_nodes")
-    if not isinstance(listed, list) or \
-            not all(isinstance(n, str) for n in listed):
+    if not isinstance(listed, list):
         return []
-    return listed
+    nodes = []
+    for entry in listed:
+        if isinstance(entry, str):
+            nodes.append(entry)
+        elif (isinstance(entry, list) and len(entry) == 2 and
+              isinstance(entry[0], str) and isinstance(entry[1], int) and
+              not isinstance(entry[1], bool) and 0 < entry[1] <= 1 << 24):
+            nodes.extend(f"{entry[0]}_{i}" for i in range(entry[1]))
+        else:
+            return []
+    return nodes
+
+
+def compact_nodes(nodes):
+    """``nodes`` as a manifest lists them: a name, or ``[prefix, N]`` for
+    ``prefix_0`` ... ``prefix_{N-1}`` (a prototype's instances, or plain
+    nodes named so) -- so each of a thousand instances' checkpoints does
+    not carry a thousand names."""
+    runs, compact = {}, []
+    for node in nodes:
+        head, sep, tail = node.rpartition("_")
+        if sep and tail.isdigit() and str(int(tail)) == tail:
+            runs.setdefault(head, set()).add(int(tail))
+    whole = {head for head, seen in runs.items()
+             if len(seen) > 1 and seen == set(range(len(seen)))}
+    for node in nodes:
+        head, _, tail = node.rpartition("_")
+        if head in whole:
+            if tail == "0":
+                compact.append((head, len(runs[head])))
+            continue
+        compact.append(node)
+    return tuple(compact)
 
 
 class _Manager:
@@ -148,7 +179,7 @@ class _Manager:
         ``epoch`` (creating ``db_prefix`` if needed); ``final`` records
         that training stopped after this epoch, so a run resumed from it
         runs no more epochs."""
-        job_nodes = tuple(self._checkpointed())
+        job_nodes = compact_nodes(self._checkpointed())
         # once a save made the directory, a later one does not make it
         # again: moved or removed under the run, it fails (the run says
         # so) instead of splitting the epochs over two directories

@@ -88,7 +88,9 @@ def save_checkpoint(ctx, names, path="", epoch=0, final=False,
     manifest = write_checkpoint(
         path, blobs, {"node": ctx.node, "epoch": int(epoch),
                       "final": bool(final),
-                      "job_nodes": [str(n) for n in job_nodes]},
+                      "job_nodes": [n if isinstance(n, str) else
+                                    [str(n[0]), int(n[1])]
+                                    for n in job_nodes]},
         reuse=saved.candidates(path), create=create_dir)
     saved.record(path, manifest)
 
