@@ -34,7 +34,7 @@ from .plan.builder import NetBuilder
 from .plan.conditions import Link, as_conditions
 from .plan.group_plan import GroupPlan, as_node_plans, periodic_step
 from .plan.grouping import TaskPlan, grouped_task_name, task_step
-from .plan.instances import expand_nodes
+from .plan.instances import expand_nodes, instance_kwargs, prototype_of
 from .plan.node_plan import (NodePlan, WorkspaceType, as_workspace_type,
                               check_node_name, check_node_options)
 from .plan.setup import (LOCAL_SETUP, REPORT_STEP, TASK_INSTANCE_SETUP,
@@ -52,6 +52,7 @@ class Cluster(DefaultManaged):
     def __init__(self, links=None):
         self._nodes = {}   # names, in order of first registration
         self._node_kwargs = {}
+        self._prototypes = {}   # name -> num_instances
         self.links = tuple(as_conditions(links, "Cluster"))
         for link in self.links:
             if not isinstance(link, Link):
@@ -60,10 +61,16 @@ class Cluster(DefaultManaged):
 
     def add_node(self, node):
         name = str(node)
+        kwargs = node.kwargs()
+        if name not in self._nodes and not kwargs and \
+                prototype_of(name, self._prototypes):
+            return   # an instance of a prototype: its options are its own
         self._nodes.setdefault(name, None)
         merged = dict(self._node_kwargs.get(name, {}))
-        merged.update(node.kwargs())
+        merged.update(kwargs)
         self._node_kwargs[name] = merged
+        if merged.get("num_instances") is not None:
+            self._prototypes[name] = merged["num_instances"]
 
     def nodes(self):
         """Node names, in order of first registration (a prototype once,
@@ -81,8 +88,16 @@ class Cluster(DefaultManaged):
 
     def kwargs_of(self, name):
         """Node ``name``'s options (a copy; ``{}`` if it has none): one
-        node's, where a task needs them -- not every node's per task."""
-        return dict(self._node_kwargs.get(name, {}))
+        node's, where a task needs them -- not every node's per task.  An
+        instance of a prototype has the prototype's (`instance_kwargs`)."""
+        found = self._node_kwargs.get(name)
+        if found is not None:
+            return dict(found)
+        instance = prototype_of(name, self._prototypes)
+        if instance is not None:
+            return instance_kwargs(self._node_kwargs[instance[0]],
+                                   instance[1])
+        return {}
 
     def __repr__(self):
         return f"Cluster(nodes={list(self._nodes)})"

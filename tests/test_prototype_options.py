@@ -118,3 +118,21 @@ def test_a_checkpoint_lists_a_prototypes_instances_in_one_entry(tmp_path):
     (tmp_path / "trainer_150.1").unlink()
     assert MultiNodeCheckpointManager(
         str(tmp_path)).get_resume_from_epoch_id() == 0
+
+
+def test_a_manager_given_the_prototype_checkpoints_each_instance(tmp_path):
+    from localcluster import Cluster, LocalSession
+    with Cluster() as cluster:
+        job = _job(count=3, epochs=1, env={"A": "1"})
+        manager = MultiNodeCheckpointManager(str(tmp_path))
+        with LocalSession() as session:
+            JobRunner(job, manager).train(session)
+            session.run(manager.init(["trainer", "ps"]))
+            session.run(manager.save(5))
+        assert sorted(p.name for p in tmp_path.glob("*.5")) == [
+            "ps.5", "trainer_0.5", "trainer_1.5", "trainer_2.5"]
+        # the checkpoint tasks on the instances did not make them nodes of
+        # their own: the cluster knows the prototype, and each instance's
+        # options are the prototype's
+        assert cluster.nodes() == ["trainer", "ps"]
+        assert cluster.kwargs_of("trainer_2") == {"env": {"A": "1"}}

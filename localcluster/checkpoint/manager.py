@@ -37,8 +37,9 @@ from .fileformat import (BLOB_NAMES, read_manifest, remove_partials,
                          verify_checkpoint)
 from .names import checkpoint_path, parse_name
 from ..errors import CheckpointError, PlanError
+from ..plan.instances import expand_nodes
 from ..plan.net import Net
-from ..task import Node, Task, TaskGroup, WorkspaceType
+from ..task import Cluster, Node, Task, TaskGroup, WorkspaceType
 
 __all__ = ["CheckpointManager", "MultiNodeCheckpointManager",
            "UploadTaskGroupBuilder", "MetadataHandler", "BLOB_NAMES"]
@@ -381,7 +382,14 @@ class MultiNodeCheckpointManager(_Manager):
         if not nodes:
             raise PlanError("MultiNodeCheckpointManager.init needs the nodes "
                             "to checkpoint (job.nodes_to_checkpoint())")
-        return [str(n) for n in nodes]
+        # a prototype (a Node, or its name in the current Cluster) stands
+        # for its instances, each checkpointing its own file
+        cluster = Cluster.current()
+
+        def counted(name):
+            count = cluster.kwargs_of(name).get("num_instances")
+            return None if count is None else {"num_instances": count}
+        return list(expand_nodes([str(n) for n in nodes], counted))
 
     def load_blobs_locally(self, nodes, blob_names, epoch, session):
         """Load ``blob_names`` from each listed node's checkpoint of
