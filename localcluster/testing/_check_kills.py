@@ -33,6 +33,7 @@ import itertools
 import random
 
 from ..plan.faults import Epoch, Kill, Op, Step
+from ..plan.instances import expand_plans
 
 __all__ = ["draw_kills"]
 
@@ -54,9 +55,11 @@ def _op_counts(plan):
 
 
 def _plans(group):
+    """``{node: plan}`` of the nodes that run ``group`` (a prototype's
+    instances: they are what dies)."""
     if group is None or not group.num_registered_tasks():
         return {}
-    return {plan.node: plan for plan in group.node_plans()}
+    return {plan.node: plan for plan in expand_plans(group.node_plans())}
 
 
 def draw_kills(job, last, seed=0, max_kills=20):
