@@ -33,6 +33,8 @@ def test_the_readme_python_examples_run_as_written(tmp_path):
     # the conditions example: 40 records of 100 kB over 100 MB/s and 5 ms
     # of latency, plus the ops' virtual time
     assert "0.0451 s\n" in done.stdout, done.stdout[:2000]
+    # the prototype example: each instance's 10 * index + N, and their sum
+    assert "[3, 13, 23] 39\n23\n" in done.stdout, done.stdout[:2000]
 
 
 def block_after(marker):
