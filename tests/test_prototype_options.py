@@ -3,37 +3,16 @@ and CPU lists, fault plans, conditions and logs take instance names."""
 
 import os
 
-import numpy as np
 import psutil
 import pytest
+from _protojob import build
 
-from localcluster import (Job, JobRunner, Link, LocalHostScheduler,
-                          MultiNodeCheckpointManager, Node, Queue, Task,
-                          epoch_limiter, ops)
+from localcluster import (JobRunner, Link, LocalHostScheduler,
+                          MultiNodeCheckpointManager)
 from localcluster.cli.cpus import apply_cpus
 from localcluster.testing import Epoch, FaultPlan, Kill
 
 CPUS = sorted(os.sched_getaffinity(0))
-
-
-def _job(count=3, epochs=2, **node_options):
-    queue = Queue(4, name="to_ps")
-    with Job() as job:
-        with Node("trainer", num_instances=count, **node_options):
-            with job.init_group, Task(name="w"):
-                ops.Cast([ops.NodeIndex()], ["w"], to="float64")
-            with Task(name="step"):
-                ops.Add(["w", ops.Const(1.0)], ["w"])
-                queue.writer().write_record(ops.net(), {"w": "w"})
-        with Node("ps"):
-            with job.init_group, Task(name="tot"):
-                ops.ConstantFill([], ["tot"], value=0.0)
-            with Task(name="gather"):
-                with ops.loop(count):
-                    _, record = queue.reader().read_record(ops.net())
-                    ops.Add(["tot", record["w"]], ["tot"])
-            epoch_limiter(job, epochs)
-    return job
 
 
 def _affinity(session, node):
@@ -43,7 +22,7 @@ def _affinity(session, node):
 @pytest.mark.skipif(len(CPUS) < 2, reason="two CPU sets need two CPUs")
 def test_cpus_patterns_pin_each_instance_of_a_prototype(tmp_path):
     first, last = CPUS[0], CPUS[-1]
-    job = _job()
+    job = build()
     chosen = apply_cpus(job, [("trainer_*", [first]), ("trainer_2", [last])])
     assert chosen == {"trainer_0": [first], "trainer_1": [first],
                       "trainer_2": [last]}
@@ -58,7 +37,7 @@ def test_cpus_patterns_pin_each_instance_of_a_prototype(tmp_path):
 @pytest.mark.skipif(len(CPUS) < 2, reason="two CPU sets need two CPUs")
 def test_cpus_as_a_list_of_lists_spreads_the_instances(tmp_path):
     first, last = CPUS[0], CPUS[-1]
-    job = _job(count=3, cpus=[[first], [last]])
+    job = build(count=3, cpus=[[first], [last]])
     with LocalHostScheduler() as session:
         JobRunner(job, MultiNodeCheckpointManager(str(tmp_path))).train(
             session)
@@ -69,19 +48,19 @@ def test_cpus_as_a_list_of_lists_spreads_the_instances(tmp_path):
 def test_a_killed_instance_is_restarted_and_the_job_ends_as_uninterrupted(
         tmp_path, session_factory):
     with session_factory() as session:
-        JobRunner(_job(epochs=3), MultiNodeCheckpointManager(
+        JobRunner(build(epochs=3), MultiNodeCheckpointManager(
             str(tmp_path / "a"))).train(session)
         expected = float(session.fetch_blob("tot", "ps"))
     faults = FaultPlan(Kill("trainer_1", at=Epoch(2)))
     with session_factory(faults=faults) as session:
-        JobRunner(_job(epochs=3), MultiNodeCheckpointManager(
+        JobRunner(build(epochs=3), MultiNodeCheckpointManager(
             str(tmp_path / "b")), max_restarts=1).train(session)
         assert float(session.fetch_blob("tot", "ps")) == expected
         assert [f.node for f in faults.fired()] == ["trainer_1"]
 
 
 def test_conditions_and_logs_name_the_instances(tmp_path):
-    job = _job()
+    job = build()
     links = [Link("trainer_*", "ps", latency=0.001)]
     with LocalHostScheduler(conditions=links, log_dir=tmp_path / "logs",
                             log_echo=False) as session:
@@ -98,7 +77,7 @@ def test_a_fault_naming_the_prototype_rather_than_an_instance_is_refused(
     faults = FaultPlan(Kill("trainer", at=Epoch(1)))
     with LocalHostScheduler(faults=faults) as session:
         with pytest.raises(Exception, match="trainer_0"):
-            JobRunner(_job(), MultiNodeCheckpointManager(
+            JobRunner(build(), MultiNodeCheckpointManager(
                 str(tmp_path))).train(session)
 
 
@@ -107,7 +86,7 @@ def test_a_checkpoint_lists_a_prototypes_instances_in_one_entry(tmp_path):
     from localcluster.checkpoint.fileformat import read_manifest
     manager = MultiNodeCheckpointManager(str(tmp_path))
     with LocalSession() as session:
-        JobRunner(_job(count=200, epochs=1), manager).train(session)
+        JobRunner(build(count=200, epochs=1), manager).train(session)
     manifest = read_manifest(str(tmp_path / "trainer_7.1"), node="trainer_7",
                              epoch=1)
     assert sorted(manifest["job_nodes"], key=str) == [["trainer", 200], "ps"]
@@ -123,7 +102,7 @@ def test_a_checkpoint_lists_a_prototypes_instances_in_one_entry(tmp_path):
 def test_a_manager_given_the_prototype_checkpoints_each_instance(tmp_path):
     from localcluster import Cluster, LocalSession
     with Cluster() as cluster:
-        job = _job(count=3, epochs=1, env={"A": "1"})
+        job = build(count=3, epochs=1, env={"A": "1"})
         manager = MultiNodeCheckpointManager(str(tmp_path))
         with LocalSession() as session:
             JobRunner(job, manager).train(session)

@@ -2,11 +2,12 @@
 
 import numpy as np
 import pytest
+from _protojob import build
 
-from localcluster import (CheckpointError, Cluster, Dataset, Job, JobRunner,
+from localcluster import (CheckpointError, Cluster, Dataset, JobRunner,
                           MultiNodeCheckpointManager, Node, PlanError, Queue,
-                          Task, TaskGroup, WorkspaceType, epoch_limiter, ops,
-                          pipe, printer)
+                          Task, TaskGroup, WorkspaceType, ops, pipe,
+                          printer)
 
 
 def _indexed(count):
@@ -81,29 +82,9 @@ def test_a_prototype_reads_a_queue_whose_records_each_reach_one_instance(
     assert sum(totals) == int(data.sum()) and sum(counts) == len(data)
 
 
-def _job(count, epochs=2):
-    queue = Queue(4, name="to_ps")
-    with Job() as job:
-        with Node("trainer", num_instances=count):
-            with job.init_group, Task(name="w"):
-                ops.Cast([ops.NodeIndex()], ["w"], to="float64")
-            with Task(name="step"):
-                ops.Add(["w", ops.Const(1.0)], ["w"])
-                queue.writer().write_record(ops.net(), {"w": "w"})
-        with Node("ps"):
-            with job.init_group, Task(name="tot"):
-                ops.ConstantFill([], ["tot"], value=0.0)
-            with Task(name="gather"):
-                with ops.loop(count):
-                    _, record = queue.reader().read_record(ops.net())
-                    ops.Add(["tot", record["w"]], ["tot"])
-            epoch_limiter(job, epochs)
-    return job
-
-
 def test_each_instance_checkpoints_its_own_file_and_resumes_from_it(
         session, tmp_path):
-    JobRunner(_job(3), MultiNodeCheckpointManager(str(tmp_path))).train(
+    JobRunner(build(3), MultiNodeCheckpointManager(str(tmp_path))).train(
         session)
     # instance i starts at i and adds 1 per epoch; the ps sums them all
     assert [float(session.fetch_blob("w", f"trainer_{i}"))
@@ -116,11 +97,11 @@ def test_each_instance_checkpoints_its_own_file_and_resumes_from_it(
 
 def test_resuming_with_another_number_of_instances_is_refused(
         session, tmp_path):
-    JobRunner(_job(3), MultiNodeCheckpointManager(str(tmp_path))).train(
+    JobRunner(build(3), MultiNodeCheckpointManager(str(tmp_path))).train(
         session)
     for count in (2, 4):
         with pytest.raises(CheckpointError) as err:
-            JobRunner(_job(count), MultiNodeCheckpointManager(str(tmp_path)),
+            JobRunner(build(count), MultiNodeCheckpointManager(str(tmp_path)),
                       resume_from_epoch=1).train(session)
         message = str(err.value)
         assert "Node('trainer')" in message
@@ -130,7 +111,7 @@ def test_resuming_with_another_number_of_instances_is_refused(
 
 def test_a_prototype_is_built_once_and_printed_once_with_its_count():
     with Cluster() as cluster:
-        job = _job(1000)
+        job = build(1000)
         assert cluster.nodes() == ["trainer", "ps"]
         assert cluster.instances()[:2] == ["trainer_0", "trainer_1"]
         assert len(cluster.instances()) == 1001
