@@ -4,9 +4,10 @@
 
     NodeActor (max_concurrency=2: a cancel arrives during a run)
       runtime: NodeRuntime(name, channel_factory=actor_channels, faults)
-      run((rid, plan id, plan bytes | None, trace, epoch, channels,
-           conditions))
-          -> ("ok", outputs, trace) | ("error", error_info)
+      run((rid, plan id, trace, epoch, channels, conditions),
+          plan bytes | None)    (sent as an object-store ref: Ray hands
+          the actor the bytes) -> ("ok", outputs, trace) | ("error",
+          error_info)
       cancel(rid) / fetch / feed / blobs / has
       reset(name, faults, book, logs, driver pid) -> pid: a pooled actor
           becomes another node, with an empty workspace and no plans
@@ -106,11 +107,13 @@ class NodeActor:
         on another machine."""
         return process_stats()
 
-    def run(self, request):
-        """``request``: ``(rid, plan id, plan bytes or None, trace, epoch,
-        channels, conditions)`` -- one argument, as Ray serializes each separately."""
-        rid, plan_id, plan_bytes, trace, epoch, channels, conditions = \
-            request
+    def run(self, request, plan_bytes=None):
+        """``request``: ``(rid, plan id, trace, epoch, channels,
+        conditions)`` -- one argument, as Ray serializes each separately;
+        ``plan_bytes``: the plan, if this actor does not keep it yet (the
+        driver passes a reference to the object store, shared by the
+        actors it sends the plan to; Ray resolves it to the bytes)."""
+        rid, plan_id, trace, epoch, channels, conditions = request
         set_ray_title(*self.title)   # again, should Ray have reset it
         try:
             if plan_bytes is not None:

@@ -5,8 +5,8 @@
     RaySession (driver)                        Ray actor per node
       run(group)                               NodeActor (max_concurrency=2)
         plans packed once (_prepare.Prepared)    runtime: NodeRuntime
-        load.remote(plan id, bytes) once ------>   load(): unpack, keep
-        run.remote(rid, plan id, ...) --------->   run(): NodeRuntime.run
+        run.remote((rid, plan id, ...),          run(): unpack the plan if
+                   plan ref | None) ----------->   sent, NodeRuntime.run
         driver.drive(state, _RayRunIO)             -> ("ok", outputs) or
           io.wait: ray.wait on the run refs           ("error", error_info)
           io.cancel: cancel.remote(rid)  ------>   cancel(): on the 2nd thread
@@ -17,7 +17,9 @@
 The same job that runs under `LocalHostScheduler` runs here unchanged: the
 rules of a run are the run driver's, the node is the shared runtime, and
 plans travel as the bytes `plan.packing` makes (with the user's
-registered ops).  With no ``address`` the session starts a local Ray
+registered ops), put in Ray's object store once per run for every actor
+that lacks them -- a prototype's instances share one plan, so N instances
+cost one copy, not N.  With no ``address`` the session starts a local Ray
 instance sized to this machine, without the dashboard unless asked, and
 shuts it down on `close()` -- and should this process die first, a
 watcher process kills Ray's processes (`_raywatch`); with an address --
@@ -349,13 +351,20 @@ class RaySession(Session):
         channels = self._channels_for(shared, rid)
         nodes = self._ensure({p.node: p.node_kwargs for p in plans})
         refs = {}
+        stored = {}   # plan id -> its bytes in Ray's object store
         for plan, node in zip(plans, nodes):
             plan_id, payload = prepared[plan.node][:2]
-            send = payload if must_send(node.plans, plan_id) else None
-            request = (rid, plan_id, send, self.trace_steps,
-                       self.current_epoch, channels,
-                       (self.run_conditions or {}).get(plan.node))
-            ref = node.actor.run.remote(request)
+            send = None
+            if must_send(node.plans, plan_id):
+                # a prototype's instances share one plan (one id): its
+                # bytes go to the object store once, every actor that
+                # lacks it gets the same reference
+                send = stored.get(plan_id)
+                if send is None:
+                    send = stored[plan_id] = ray.put(payload)
+            request = (rid, plan_id, self.trace_steps, self.current_epoch,
+                       channels, (self.run_conditions or {}).get(plan.node))
+            ref = node.actor.run.remote(request, send)
             refs[ref] = plan.node
         io = RayRunIO(self, refs)
         state = driver.start(list(refs.values()), rid, time.monotonic(),

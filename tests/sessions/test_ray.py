@@ -124,6 +124,52 @@ def test_a_run_past_its_timeout_is_cancelled(session):
     assert caught.value.nodes == ("b",)
 
 
+def test_a_prototypes_plan_is_packed_and_handed_to_ray_once(session,
+                                                            monkeypatch):
+    """Its N instances share one plan: packed once, put in Ray's object
+    store once, and every instance actor gets the same reference -- not
+    N copies of the bytes, one inlined in each actor call."""
+    from localcluster.sessions import _prepare
+    packed, shipped = [], []
+    pack = _prepare.pack_plan
+
+    def counting_pack(plan, dumps=None):
+        packed.append(pack(plan, dumps))
+        return packed[-1]
+
+    def ours(value):
+        return any(value is payload for payload in packed)
+
+    put = ray.put
+
+    def counting_put(value, *args, **kwargs):
+        if ours(value):
+            shipped.append("put")
+        return put(value, *args, **kwargs)
+
+    call = ray.actor.ActorMethod.remote
+
+    def counting_call(method, *args, **kwargs):
+        for arg in args:
+            parts = arg if isinstance(arg, tuple) else (arg,)
+            shipped.extend("inlined" for part in parts if ours(part))
+        return call(method, *args, **kwargs)
+
+    monkeypatch.setattr(_prepare, "pack_plan", counting_pack)
+    monkeypatch.setattr(ray, "put", counting_put)
+    monkeypatch.setattr(ray.actor.ActorMethod, "remote", counting_call)
+    with TaskGroup(WorkspaceType.GLOBAL) as group:
+        with Node("trainer", num_instances=4), Task() as task:
+            ops.Add([ops.Mul([ops.NodeIndex(), ops.Const(np.int64(10))]),
+                     ops.NodeCount()], ["mine"])
+            out = task.add_output("mine")
+    session.run(group)
+    session.run(group)             # the actors keep it: nothing is sent
+    assert len(packed) == 1
+    assert shipped == ["put"]
+    assert [int(v) for v in out.fetch()] == [4, 14, 24, 34]
+
+
 def test_a_killed_actor_is_a_node_failure_and_restarts_empty(session):
     group, _ = two_nodes()
     session.run(group)
