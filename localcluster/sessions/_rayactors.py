@@ -8,7 +8,7 @@
           plan bytes | None)    (sent as an object-store ref: Ray hands
           the actor the bytes) -> ("ok", outputs, trace) | ("error",
           error_info)
-      cancel(rid) / fetch / feed / blobs / has
+      cancel(rid) / fetch / feed / blobs / has / ray_node (where it runs)
       reset(name, faults, book, logs, driver pid) -> pid: a pooled actor
           becomes another node, with an empty workspace and no plans
       its process is titled ``localcluster: <node> (<driver pid>)``
@@ -101,6 +101,10 @@ class NodeActor:
 
     def pid(self):
         return os.getpid()
+
+    def ray_node(self):
+        """The id of the Ray node this actor runs on."""
+        return ray.get_runtime_context().get_node_id()
 
     def stats(self):
         """This process's CPU and memory, read here: the driver may be

@@ -5,16 +5,20 @@ A Node's options become actor options: ``cpus`` -> ``num_cpus`` (how
 many; Ray places the actor, the ids are not pinned), ``memory_limit`` ->
 ``memory`` (Ray's reservation), ``env`` -> ``runtime_env``'s variables,
 ``resources`` -> ``num_cpus``/``num_gpus``/``resources``, ``placement``
-(a Ray node id, or ``{label: value}``) -> a hard scheduling strategy.
-`check_placeable` refuses, before any actor starts, a node the cluster
-can never hold.  `connect` initialises Ray for a session: a Ray it starts
-itself runs without the dashboard unless asked (``include_dashboard=True``)
-and under a watcher (`_raywatch`) that kills Ray's processes when this
-process goes, however it ends; `shutdown` stops such a Ray.  Plans pickle
-the user's own modules by value, so a job defined in ``__main__`` or a
-test module reaches workers that cannot import it.
+-> a hard constraint: a Ray node id -> node affinity, ``{label: value}``
+-> Ray's label selector (or, on a Ray without one, its label scheduling
+strategy).  `check_placeable` refuses, before any actor starts, a node
+the cluster can never hold.  `connect` initialises Ray for a
+session: a Ray it starts itself runs without the dashboard unless asked
+(``include_dashboard=True``) and under a watcher (`_raywatch`) that
+kills Ray's processes when this process goes, however it ends;
+`shutdown` stops such a Ray.  Plans pickle the user's own modules by
+value, so a job defined in ``__main__`` or a test module reaches workers
+that cannot import it.
 """
 
+import functools
+import importlib
 import os
 import re
 import sys
@@ -159,12 +163,30 @@ def actor_options(kwargs):
             NodeAffinitySchedulingStrategy
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
             placement, soft=False)
+    elif placement and _has_label_selector():
+        options["label_selector"] = dict(placement)
     elif placement:
         from ray.util.scheduling_strategies import (
             In, NodeLabelSchedulingStrategy)
         options["scheduling_strategy"] = NodeLabelSchedulingStrategy(
             {k: In(v) for k, v in placement.items()})
     return options
+
+
+@functools.lru_cache(maxsize=None)
+def _has_label_selector():
+    """Whether this Ray takes an actor's ``label_selector``: the Ray
+    versions that have it schedule by it, and pass over the older
+    NodeLabelSchedulingStrategy, which they still accept -- an actor
+    given only that lands on any Ray node."""
+    for name in ("ray._common.ray_option_utils",
+                 "ray._private.ray_option_utils"):
+        try:
+            table = importlib.import_module(name).actor_options
+        except (ImportError, AttributeError):
+            continue
+        return "label_selector" in table
+    return False
 
 
 def options_key(kwargs):

@@ -93,6 +93,7 @@ class _Node:
         self.key = options_key(kwargs)   # as a pool keeps it
         self.plans = collections.OrderedDict()   # mirrors its plan cache
         self.pid = None
+        self.ray_node = None     # the Ray node's id, once asked
 
 
 class RaySession(Session):
@@ -174,6 +175,22 @@ class RaySession(Session):
         """``{node: pid}`` of each started node's actor process (on the
         machine Ray placed it on)."""
         return {name: node.pid for name, node in self._nodes.items()}
+
+    def ray_node_ids(self):
+        """``{node: id of the Ray node its actor runs on}`` of each started
+        node: where Ray placed it, within what its Node's ``resources``
+        and ``placement`` allow (a node whose actor died is left out)."""
+        unknown = [n for n in self._nodes.values() if n.ray_node is None]
+        refs = [n.actor.ray_node.remote() for n in unknown]
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=REQUEST_TIMEOUT)
+        for node, ref in zip(unknown, refs):
+            try:
+                node.ray_node = ray.get(ref, timeout=0)
+            except ray.exceptions.RayError:
+                pass    # died (or slow): the next run reports it
+        return {name: node.ray_node for name, node in self._nodes.items()
+                if node.ray_node is not None}
 
     def node_stats(self):
         """Each node actor's CPU and memory, as the actor reads them."""
