@@ -8,7 +8,8 @@ many; Ray places the actor, the ids are not pinned), ``memory_limit`` ->
 -> a hard constraint: a Ray node id -> node affinity, ``{label: value}``
 -> Ray's label selector (or, on a Ray without one, its label scheduling
 strategy).  `check_placeable` refuses, before any actor starts, a node
-the cluster can never hold.  `connect` initialises Ray for a
+the cluster can never hold, and `check_fits` the nodes of a run that
+ask together for more than it has.  `connect` initialises Ray for a
 session: a Ray it starts itself runs without the dashboard unless asked
 (``include_dashboard=True``) and under a watcher (`_raywatch`) that
 kills Ray's processes when this process goes, however it ends;
@@ -30,7 +31,8 @@ from ..errors import PlanError
 from ._raywatch import RayWatcher
 
 __all__ = ["connect", "shutdown", "actor_options", "options_key",
-           "check_placeable", "dumps_by_value", "unimportable"]
+           "check_placeable", "check_fits", "dumps_by_value",
+           "unimportable"]
 
 #: the watcher of the Ray this process started, while it runs
 _watcher = None
@@ -198,11 +200,7 @@ def check_placeable(name, kwargs):
     """`PlanError` if no node of the Ray cluster can ever hold node
     ``name``: a resource it asks for beyond what the cluster has in all,
     a placement on a node id or labels no live Ray node has."""
-    asked = dict(kwargs.get("resources") or {})
-    if kwargs.get("cpus") and "CPU" not in asked:
-        asked["CPU"] = len(kwargs["cpus"])
-    if kwargs.get("memory_limit"):
-        asked["memory"] = kwargs["memory_limit"]
+    asked = _demand(kwargs)
     total = ray.cluster_resources()
     short = {k: v for k, v in asked.items() if v > total.get(k, 0)}
     if short:
@@ -227,6 +225,45 @@ def check_placeable(name, kwargs):
             f"Node({name!r}, placement={placement!r}): no live Ray node has "
             f"those labels; the nodes have "
             f"{[n.get('Labels', {}) for n in live]}")
+
+
+def check_fits(wanted):
+    """`PlanError` if the nodes ``{name: Node options}`` of a run ask
+    together for more of a resource than the Ray cluster has in all: each
+    may fit alone (`check_placeable`), but a run needs all its nodes at
+    once -- a prototype's N instances ask N times what its Node says --
+    and the last would wait for a place that never comes."""
+    demands = {name: _demand(kwargs or {}) for name, kwargs in wanted.items()}
+    asked = {}
+    for demand in demands.values():
+        for key, amount in demand.items():
+            asked[key] = asked.get(key, 0) + amount
+    if not asked:
+        return
+    total = ray.cluster_resources()
+    short = {k: v for k, v in asked.items() if v > total.get(k, 0)}
+    if not short:
+        return
+    askers = [name for name, demand in demands.items()
+              if any(demand.get(k) for k in short)]
+    shown = ", ".join(askers[:6]) + (f", ... ({len(askers)} nodes)"
+                                     if len(askers) > 6 else "")
+    raise PlanError(
+        f"the run's nodes ask together for {short} ({shown}) but the Ray "
+        f"cluster has {_shown(total, short)} in all, and a run needs all "
+        "its nodes at once; ask for less, run fewer instances, or add Ray "
+        "nodes that have it")
+
+
+def _demand(kwargs):
+    """What an actor started with a Node's options holds while it lives:
+    ``{resource: amount}``."""
+    asked = dict(kwargs.get("resources") or {})
+    if kwargs.get("cpus") and "CPU" not in asked:
+        asked["CPU"] = len(kwargs["cpus"])
+    if kwargs.get("memory_limit"):
+        asked["memory"] = kwargs["memory_limit"]
+    return {k: v for k, v in asked.items() if v}
 
 
 def _shown(total, short):

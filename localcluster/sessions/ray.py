@@ -36,7 +36,8 @@ Queues between nodes go through a channel actor per queue
 (`_raychannel`).  A fault plan's book is a small actor every node
 actor asks before it fires a fault; a `Kill` ends the actor's process.
 The actors are in `_rayactors`; Node options become actor options in
-`_rayoptions`, which also refuses a node no Ray node can hold.  With an
+`_rayoptions`, which also refuses a node no Ray node can hold, and a run
+whose nodes together ask for more than the cluster has.  With an
 `ActorPool` (`_raypool`) a session takes warm actors and gives them back,
 reset, at `close()`.
 """
@@ -65,8 +66,8 @@ from . import driver
 from ._prepare import Prepared, must_send
 from ._rayactors import BookActor, NodeActor
 from ._raychannel import ChannelActor
-from ._rayoptions import (actor_options, check_placeable, connect,
-                          dumps_by_value, options_key, shutdown)
+from ._rayoptions import (actor_options, check_fits, check_placeable,
+                          connect, dumps_by_value, options_key, shutdown)
 from ._rayio import RayRunIO
 from ._raypool import ActorPool
 from .base import Session
@@ -229,6 +230,9 @@ class RaySession(Session):
             if key not in self._placeable:
                 check_placeable(name, kwargs)
                 self._placeable.add(key)
+        if missing:   # all of them at once, as a run needs them
+            check_fits({name: missing[name] if name in missing else
+                        self._nodes[name].kwargs for name in wanted})
         started = {n: self._start(n, k) for n, k in missing.items()}
         for name, (node, ref) in started.items():
             try:

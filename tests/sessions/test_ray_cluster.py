@@ -34,8 +34,8 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 
 from ray.cluster_utils import Cluster as RayCluster  # noqa: E402
 
-from localcluster import (Cluster, Node, Task, TaskGroup,  # noqa: E402
-                          WorkspaceType, ops)
+from localcluster import (Cluster, Node, PlanError, Task,  # noqa: E402
+                          TaskGroup, WorkspaceType, ops)
 from localcluster.sessions.ray import RaySession  # noqa: E402
 from localcluster.testing.pytest_plugin import (Snapshot,  # noqa: E402
                                                 leaks_since)
@@ -199,3 +199,19 @@ def test_instances_go_where_their_placement_says(zones):
         assert placed["pinned_0"] == placed["pinned_1"] == pinned_to
         assert placed["ps"] == zones.head
         assert placed_as_processes_say(zones, session) == placed
+
+
+def test_instances_that_together_ask_more_than_the_cluster_has_are_refused(
+        zones):
+    # each fits alone; the last would wait for a zone_b that never frees
+    group, _, _ = indexed(ZONE_B + 1, resources={"zone_b": 1})
+    with RaySession() as session:
+        start = time.monotonic()
+        with pytest.raises(PlanError) as caught:
+            session.run(group)
+        assert time.monotonic() - start < 20
+        message = str(caught.value)
+        assert f"{{'zone_b': {ZONE_B + 1}}}" in message
+        assert f"{{'zone_b': {float(ZONE_B)}}} in all" in message
+        assert "trainer_0, trainer_1" in message
+        assert session.node_pids() == {}        # no actor was started
