@@ -215,3 +215,20 @@ def test_instances_that_together_ask_more_than_the_cluster_has_are_refused(
         assert f"{{'zone_b': {float(ZONE_B)}}} in all" in message
         assert "trainer_0, trainer_1" in message
         assert session.node_pids() == {}        # no actor was started
+
+
+def test_a_fed_instance_starts_where_its_prototype_says(zones):
+    group, out, cluster = indexed(2, resources={"zone_b": 1})
+    with cluster, RaySession() as session:
+        session.feed_blob("seed", np.arange(3), node="trainer_1")
+        pid = session.node_pids()["trainer_1"]
+        assert zones.host_of(pid) in zones.zone_b()
+        # it holds what its prototype asks for (an actor started without
+        # it could land on a zone_b Ray node all the same)
+        wait_for(lambda: ray.available_resources().get("zone_b") ==
+                 ZONE_B - 1, "zone_b held by the fed instance")
+        session.run(group)
+        # the run found it where it belongs: the same actor, its blob kept
+        assert session.node_pids()["trainer_1"] == pid
+        assert session.fetch_blob("seed", "trainer_1").tolist() == [0, 1, 2]
+        assert [int(v) for v in out.fetch()] == [2, 12]
