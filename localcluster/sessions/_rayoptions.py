@@ -30,9 +30,9 @@ import ray
 from ..errors import PlanError
 from ._raywatch import RayWatcher
 
-__all__ = ["connect", "shutdown", "actor_options", "options_key",
-           "check_placeable", "check_fits", "dumps_by_value",
-           "unimportable"]
+__all__ = ["connect", "shutdown", "actor_options", "beside_driver",
+           "options_key", "check_placeable", "check_fits",
+           "dumps_by_value", "unimportable"]
 
 #: the watcher of the Ray this process started, while it runs
 _watcher = None
@@ -189,6 +189,21 @@ def _has_label_selector():
             continue
         return "label_selector" in table
     return False
+
+
+def beside_driver():
+    """Actor options for a session's own actors -- a queue's channel, the
+    fault book -- that put them on this driver's Ray node, holding no CPU.
+    Left to Ray, an actor that asks for nothing lands on any Ray node (a
+    soft affinity too: Ray spreads such actors all the same), and one
+    that leaves would take with it the queues of nodes that run
+    elsewhere; beside the driver it fails only with the driver's node,
+    which ends the run anyway.  Hard: the actor asks for nothing, so the
+    driver's node can always hold it."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    return {"num_cpus": 0, "scheduling_strategy":
+            NodeAffinitySchedulingStrategy(
+                ray.get_runtime_context().get_node_id(), soft=False)}
 
 
 def options_key(kwargs):

@@ -35,11 +35,12 @@ process is restarted -- so ``JobRunner(max_restarts=...)`` recovers.
 Queues between nodes go through a channel actor per queue
 (`_raychannel`).  A fault plan's book is a small actor every node
 actor asks before it fires a fault; a `Kill` ends the actor's process.
-The actors are in `_rayactors`; Node options become actor options in
-`_rayoptions`, which also refuses a node no Ray node can hold, and a run
-whose nodes together ask for more than the cluster has.  With an
-`ActorPool` (`_raypool`) a session takes warm actors and gives them back,
-reset, at `close()`.
+Both live on the driver's Ray node: a Ray node that leaves takes only
+the nodes placed on it.  The actors are in `_rayactors`; Node options
+become actor options in `_rayoptions`, which also refuses a node no Ray
+node can hold, and a run whose nodes together ask for more than the
+cluster has.  With an `ActorPool` (`_raypool`) a session takes warm
+actors and gives them back, reset, at `close()`.
 """
 
 import collections
@@ -68,8 +69,9 @@ from . import driver
 from ._prepare import Prepared, must_send
 from ._rayactors import BookActor, NodeActor
 from ._raychannel import ChannelActor
-from ._rayoptions import (actor_options, check_fits, check_placeable,
-                          connect, dumps_by_value, options_key, shutdown)
+from ._rayoptions import (actor_options, beside_driver, check_fits,
+                          check_placeable, connect, dumps_by_value,
+                          options_key, shutdown)
 from ._rayio import RayRunIO
 from ._raypool import ActorPool
 from .base import Session
@@ -148,7 +150,7 @@ class RaySession(Session):
             self._book = self._pooled("book", len(self.faults))
             if self._book is None:
                 self._book = ray.remote(BookActor).options(
-                    num_cpus=0).remote(len(self.faults))
+                    **beside_driver()).remote(len(self.faults))
 
     def _pooled(self, kind, *reset_args):
         """A warm actor of ``kind`` from the pool, reset with
@@ -410,8 +412,8 @@ class RaySession(Session):
             if handle is None:
                 handle = self._pooled("channel", 0, capacity, str(queue))
             if handle is None:
-                handle = self._channel_class.options(num_cpus=0).remote(
-                    capacity, str(queue))
+                handle = self._channel_class.options(
+                    **beside_driver()).remote(capacity, str(queue))
             self._queue_actors[(queue, capacity)] = handle
             channels[queue] = (handle, run, len(use.reader_nodes))
             resets.append(handle.reset.remote(run, capacity, str(queue),

@@ -34,8 +34,8 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 
 from ray.cluster_utils import Cluster as RayCluster  # noqa: E402
 
-from localcluster import (Cluster, Node, PlanError, Task,  # noqa: E402
-                          TaskGroup, WorkspaceType, ops)
+from localcluster import (Cluster, Node, PlanError, Queue,  # noqa: E402
+                          Task, TaskGroup, WorkspaceType, ops)
 from localcluster.sessions.ray import RaySession  # noqa: E402
 from localcluster.testing.pytest_plugin import (Snapshot,  # noqa: E402
                                                 leaks_since)
@@ -215,6 +215,29 @@ def test_instances_that_together_ask_more_than_the_cluster_has_are_refused(
         assert f"{{'zone_b': {float(ZONE_B)}}} in all" in message
         assert "trainer_0, trainer_1" in message
         assert session.node_pids() == {}        # no actor was started
+
+
+def test_the_queues_between_nodes_live_beside_the_driver(zones):
+    """Each queue's channel actor runs on the driver's Ray node: a Ray
+    node that leaves takes its own nodes with it, never the queues the
+    others share."""
+    queues = [Queue(2, name=f"q{i}") for i in range(4)]
+    with Cluster(), TaskGroup() as group:
+        with Node("trainer", num_instances=ZONE_B, resources={"zone_b": 1}), \
+                Task():
+            for queue in queues:
+                queue.writer().write_record(ops.net(),
+                                            {"i": ops.NodeIndex()})
+        with Node("ps", resources={"zone_a": 1}), Task():
+            for queue in queues:
+                with ops.loop(ZONE_B):
+                    queue.reader().read_record(ops.net())
+    with RaySession() as session:
+        session.run(group, timeout=PATIENCE)
+        channels = [p.pid for p in psutil.Process().children(recursive=True)
+                    if "ChannelActor" in " ".join(p.cmdline())]
+        assert len(channels) == len(queues)
+        assert {zones.host_of(pid) for pid in channels} == {zones.head}
 
 
 def test_a_fed_instance_starts_where_its_prototype_says(zones):
