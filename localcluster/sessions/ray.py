@@ -241,14 +241,16 @@ class RaySession(Session):
         for name, (node, ref) in started.items():
             try:
                 node.pid = ray.get(ref, timeout=START_TIMEOUT)
-            except (ray.exceptions.RayActorError,
-                    ray.exceptions.GetTimeoutError) as exc:
+            except ray.exceptions.RayError as exc:
+                # dead, not placed in time, or one Ray cannot place at all
+                # (its Ray node left since check_placeable looked)
                 self._not_started(started)
+                why = f"not placed within {START_TIMEOUT} s" if isinstance(
+                    exc, ray.exceptions.GetTimeoutError) else _reason(exc)
                 raise NodeFailedError(
-                    f"node {name!r} could not start as a Ray actor "
-                    f"within {START_TIMEOUT} s: {_reason(exc)}; check its "
-                    f"Node(...) options {missing[name]} against the "
-                    "cluster's free resources", node=name) from exc
+                    f"node {name!r} could not start as a Ray actor: {why}; "
+                    f"check its Node(...) options {missing[name]} against "
+                    "the cluster's free resources", node=name) from exc
         for name, (node, _) in started.items():
             self._nodes[name] = node
             self._kwargs[name] = node.kwargs

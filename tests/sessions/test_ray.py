@@ -430,6 +430,19 @@ def test_a_node_no_ray_node_can_hold_is_a_plan_error(session, options,
     assert session.node_pids() == {}          # no actor was started
 
 
+def test_an_actor_ray_cannot_schedule_is_a_node_failure_naming_it(
+        session, monkeypatch):
+    # as when its Ray node leaves between the check and the start
+    import localcluster.sessions.ray as ray_session
+    monkeypatch.setattr(ray_session, "check_placeable", lambda *a: None)
+    with pytest.raises(NodeFailedError) as caught:
+        session.run(one_op_on(placement="0" * 56))
+    assert caught.value.node == "placed"
+    assert "could not start as a Ray actor" in str(caught.value)
+    assert "not schedulable" in str(caught.value)
+    assert session.node_pids() == {}
+
+
 def test_a_node_placed_on_a_ray_node_runs_there(ray_instance):
     here = ray.get_runtime_context().get_node_id()
     for placement in (here, {"ray.io/node-id": here}):
