@@ -298,6 +298,9 @@ class RaySession(Session):
         """The NodeFailedError of a dead actor; it is forgotten, so the
         next run starts a new, empty one."""
         self._nodes.pop(name, None)
+        # where it could go may be gone with it (a Ray node that left):
+        # its restart checks again
+        self._placeable.discard(options_key(self._kwargs.get(name, {})))
         fault = self._kill_fault_on(name)
         why = f"{fault!r} fired; " if fault is not None else ""
         # Ray does not say how a process ended; a Kill fault that fired does

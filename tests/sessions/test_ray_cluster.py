@@ -22,8 +22,10 @@ files, and the address a plain ``ray.init()`` would join, in a directory
 of its own (``RAY_TMPDIR``): another Ray on this machine never sees it.
 """
 
+import os
 import shutil
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -34,8 +36,10 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 
 from ray.cluster_utils import Cluster as RayCluster  # noqa: E402
 
-from localcluster import (Cluster, Node, PlanError, Queue,  # noqa: E402
-                          Task, TaskGroup, WorkspaceType, ops)
+from localcluster import (Cluster, Job, JobRunner,  # noqa: E402
+                          LocalSession, MultiNodeCheckpointManager, Node,
+                          NodeFailedError, PlanError, Queue, Task, TaskGroup,
+                          WorkspaceType, epoch_limiter, ops)
 from localcluster.sessions.ray import RaySession  # noqa: E402
 from localcluster.testing.pytest_plugin import (Snapshot,  # noqa: E402
                                                 leaks_since)
@@ -255,3 +259,178 @@ def test_a_fed_instance_starts_where_its_prototype_says(zones):
         assert session.node_pids()["trainer_1"] == pid
         assert session.fetch_blob("seed", "trainer_1").tolist() == [0, 1, 2]
         assert [int(v) for v in out.fetch()] == [2, 12]
+
+
+def stall_once(index, epoch, where):
+    """Instance 1, in epoch 2, writes the id of the Ray node it runs on to
+    ``<where>/here`` and waits (a minute at most) to be removed with that
+    Ray node -- unless ``<where>/go`` says to go on."""
+    where = str(where)
+    if int(index) != 1 or int(epoch) != 2 or \
+            os.path.exists(os.path.join(where, "go")):
+        return
+    here = os.path.join(where, "here")
+    with open(here + ".tmp", "w") as f:
+        f.write(ray.get_runtime_context().get_node_id())
+    os.replace(here + ".tmp", here)
+    deadline = time.monotonic() + PATIENCE
+    while not os.path.exists(os.path.join(where, "go")):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not removed within {PATIENCE} s")
+        time.sleep(0.02)
+
+
+class Remover:
+    """``with Remover(zones, where) as remover:`` -- a thread that, once
+    `stall_once` says where instance 1 runs, removes that Ray node, then
+    lets a run that passes there again go on; ``remover.removed()`` is the
+    id of the Ray node it removed (its failure re-raised here).  Stopped
+    and joined on leaving the block: never does it remove a Ray node
+    after its test."""
+
+    def __init__(self, zones, where):
+        self.zones = zones
+        self.where = str(where)
+        self._stop = threading.Event()
+        self._removed = self._error = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(PATIENCE)
+
+    def _run(self):
+        try:
+            here = os.path.join(self.where, "here")
+            deadline = time.monotonic() + PATIENCE
+            while not os.path.exists(here):
+                if self._stop.wait(0.02) or time.monotonic() > deadline:
+                    raise TimeoutError("instance 1 never said where it runs")
+            with open(here) as f:
+                node_id = f.read()
+            self.zones.remove(node_id)
+            self._removed = node_id
+            open(os.path.join(self.where, "go"), "w").close()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in removed
+            self._error = exc
+
+    def removed(self):
+        self._thread.join(PATIENCE)
+        assert not self._thread.is_alive(), "the remover is stuck"
+        if self._error is not None:
+            raise self._error
+        return self._removed
+
+
+def test_a_ray_node_removed_mid_run_fails_the_run_naming_the_instance(
+        zones, tmp_path):
+    with Cluster() as cluster, TaskGroup() as stalling:
+        with Node("trainer", num_instances=2, resources={"zone_b": 1}), \
+                Task():
+            ops.Python(stall_once)([ops.NodeIndex(), ops.Const(np.int64(2)),
+                                    ops.Const(np.array(str(tmp_path)))], [])
+        with Node("ps", resources={"zone_a": 1}), Task():
+            ops.Sleep([], [], seconds=PATIENCE)    # cancelled at the death
+    group, out, _ = indexed(2, resources={"zone_b": 1})
+    with cluster, RaySession() as session, \
+            Remover(zones, tmp_path) as remover:
+        start = time.monotonic()
+        with pytest.raises(NodeFailedError) as caught:
+            session.run(stalling, timeout=2 * PATIENCE)
+        gone = remover.removed()
+        assert time.monotonic() - start < PATIENCE
+        assert caught.value.node == "trainer_1"
+        assert "'trainer_1' died" in str(caught.value)
+        assert sorted(session.node_pids()) == ["ps", "trainer_0"]
+        survivor = session.node_pids()["trainer_0"]
+        # the next run starts it again, on the zone_b Ray node left free
+        session.run(group, timeout=PATIENCE)
+        assert [int(v) for v in out.fetch()] == [2, 12]
+        placed = session.ray_node_ids()
+        assert placed["trainer_1"] != gone
+        assert placed["trainer_1"] in zones.zone_b()
+        assert session.node_pids()["trainer_0"] == survivor
+        assert placed_as_processes_say(zones, session) == placed
+
+
+def test_a_restart_pinned_to_a_ray_node_that_left_is_a_plan_error(
+        zones, tmp_path):
+    pinned_to = zones.zone_b()[0]
+    with Cluster(), TaskGroup() as group:
+        with Node("pinned", num_instances=2, placement=pinned_to), Task():
+            ops.Python(stall_once)([ops.NodeIndex(), ops.Const(np.int64(2)),
+                                    ops.Const(np.array(str(tmp_path)))], [])
+    with RaySession() as session, Remover(zones, tmp_path) as remover:
+        with pytest.raises(NodeFailedError) as caught:
+            session.run(group, timeout=2 * PATIENCE)
+        assert remover.removed() == pinned_to
+        assert caught.value.node in ("pinned_0", "pinned_1")
+        # its place is gone: said at once, not after the start timeout
+        start = time.monotonic()
+        with pytest.raises(PlanError, match="no live Ray node has that id"):
+            session.run(group, timeout=PATIENCE)
+        assert time.monotonic() - start < 20
+
+
+def zoned_job(where, epochs=3):
+    """Two trainer instances on zone_b Ray nodes each add 1 to their
+    ``w`` (which starts at their index) per epoch and send it to ps, on
+    the head, which sums what it gets; instance 1 stalls in epoch 2
+    (`stall_once`)."""
+    queue = Queue(4, name="to_ps")
+    with Job() as job:
+        with Node("trainer", num_instances=2, resources={"zone_b": 1}):
+            with job.init_group, Task(name="w"):
+                ops.Cast([ops.NodeIndex()], ["w"], to="float64")
+                ops.Const(np.int64(0), name="epoch")
+                ops.Const(np.array(str(where)), name="where")
+            with Task(name="step"):
+                ops.Add(["epoch", ops.Const(np.int64(1))], ["epoch"])
+                ops.Python(stall_once)([ops.NodeIndex(), "epoch", "where"],
+                                       [])
+                ops.Add(["w", ops.Const(1.0)], ["w"])
+                queue.writer().write_record(ops.net(), {"w": "w"})
+        with Node("ps", resources={"zone_a": 1}):
+            with job.init_group, Task(name="tot"):
+                ops.ConstantFill([], ["tot"], value=0.0)
+            with Task(name="gather"):
+                with ops.loop(2):
+                    _, record = queue.reader().read_record(ops.net())
+                    ops.Add(["tot", record["w"]], ["tot"])
+            epoch_limiter(job, epochs)
+    return job
+
+
+def results(session):
+    return ([float(session.fetch_blob("w", f"trainer_{i}"))
+             for i in range(2)], float(session.fetch_blob("tot", "ps")))
+
+
+def test_a_job_restarts_the_instance_elsewhere_and_ends_as_uninterrupted(
+        zones, tmp_path):
+    calm = tmp_path / "calm"
+    calm.mkdir()
+    (calm / "go").touch()
+    with LocalSession() as local:
+        JobRunner(zoned_job(calm), MultiNodeCheckpointManager(
+            str(tmp_path / "uninterrupted"))).train(local)
+        expected = results(local)
+    assert expected == ([3.0, 4.0], (1 + 2) + (2 + 3) + (3 + 4))
+    stalls = tmp_path / "stalls"
+    stalls.mkdir()
+    runner = JobRunner(zoned_job(stalls), MultiNodeCheckpointManager(
+        str(tmp_path / "ck")), max_restarts=1, timeout=2 * PATIENCE)
+    with RaySession() as session, Remover(zones, stalls) as remover:
+        assert runner.train(session) == 3
+        gone = remover.removed()
+        assert results(session) == expected
+        [(epoch, message)] = runner.result.restarts
+        assert epoch == 1 and "node 'trainer_1' died" in message
+        placed = session.ray_node_ids()
+        assert placed["trainer_1"] != gone
+        assert placed["trainer_1"] in zones.zone_b()
+        assert placed_as_processes_say(zones, session) == placed
