@@ -60,7 +60,6 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 
 from ..errors import BlobNotFoundError, NodeFailedError
 from ..plan.faults import EXIT_STATUS
-from ..plan.instances import instance_kwargs, prototype_of
 from ..plan.node_plan import process_options
 from ..plan.validate import feedable
 from ..runtime.faults import faults_of_node
@@ -459,7 +458,7 @@ class RaySession(Session):
         node = str(node)
         if node not in self._nodes:   # started where its Node says
             self._ensure({node: self._kwargs.get(node) or
-                          _declared_options(node)})
+                          Cluster.current().kwargs_of(node)})
         self._call(node, "feed", str(name), value)
 
     def blobs(self, node="local"):
@@ -469,23 +468,6 @@ class RaySession(Session):
     def has_blob(self, name, node="local"):
         self._check_open()
         return bool(self._call(node, "has", str(name)))
-
-
-def _declared_options(name):
-    """The options ``Cluster.current()`` gives node ``name`` -- an
-    instance of a prototype takes its prototype's (`instance_kwargs`) --
-    or ``{}`` for a node it does not declare."""
-    declared = Cluster.current().node_kwargs()
-    kwargs = declared.get(name)
-    if kwargs is not None and kwargs.get("num_instances") is None:
-        return kwargs
-    counts = {n: k["num_instances"] for n, k in declared.items()
-              if k.get("num_instances") is not None}
-    found = prototype_of(name, counts)
-    if found is None:
-        return {}
-    prototype, index = found
-    return instance_kwargs(declared[prototype], index)
 
 
 def _kill(actor):
