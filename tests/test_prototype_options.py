@@ -7,7 +7,7 @@ import psutil
 import pytest
 from _protojob import build
 
-from localcluster import (JobRunner, Link, LocalHostScheduler,
+from localcluster import (Cluster, JobRunner, Link, LocalHostScheduler,
                           MultiNodeCheckpointManager)
 from localcluster.cli.cpus import apply_cpus
 from localcluster.testing import Epoch, FaultPlan, Kill
@@ -22,8 +22,10 @@ def _affinity(session, node):
 @pytest.mark.skipif(len(CPUS) < 2, reason="two CPU sets need two CPUs")
 def test_cpus_patterns_pin_each_instance_of_a_prototype(tmp_path):
     first, last = CPUS[0], CPUS[-1]
-    job = build()
-    chosen = apply_cpus(job, [("trainer_*", [first]), ("trainer_2", [last])])
+    with Cluster():   # its CPU lists stay out of the other tests' jobs
+        job = build()
+        chosen = apply_cpus(job, [("trainer_*", [first]),
+                                  ("trainer_2", [last])])
     assert chosen == {"trainer_0": [first], "trainer_1": [first],
                       "trainer_2": [last]}
     with LocalHostScheduler() as session:
@@ -37,7 +39,8 @@ def test_cpus_patterns_pin_each_instance_of_a_prototype(tmp_path):
 @pytest.mark.skipif(len(CPUS) < 2, reason="two CPU sets need two CPUs")
 def test_cpus_as_a_list_of_lists_spreads_the_instances(tmp_path):
     first, last = CPUS[0], CPUS[-1]
-    job = build(count=3, cpus=[[first], [last]])
+    with Cluster():   # its CPU lists stay out of the other tests' jobs
+        job = build(count=3, cpus=[[first], [last]])
     with LocalHostScheduler() as session:
         JobRunner(job, MultiNodeCheckpointManager(str(tmp_path))).train(
             session)
