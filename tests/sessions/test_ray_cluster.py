@@ -19,7 +19,9 @@ module's cluster, and no test here takes the shared suite's ``session``
 fixture, so conftest's ``ray_pool`` (the local Ray of a module that runs
 the ray kind) stays down while this module runs.  The cluster keeps its
 files, and the address a plain ``ray.init()`` would join, in a directory
-of its own (``RAY_TMPDIR``): another Ray on this machine never sees it.
+of its own (``RAY_TMPDIR``): another Ray on this machine never sees it;
+and its processes die with this one however it ends (the watcher a
+RaySession puts on a Ray it starts, `_raywatch`).
 """
 
 import os
@@ -40,6 +42,7 @@ from localcluster import (Cluster, Job, JobRunner,  # noqa: E402
                           LocalSession, MultiNodeCheckpointManager, Node,
                           NodeFailedError, PlanError, Queue, Task, TaskGroup,
                           WorkspaceType, epoch_limiter, ops)
+from localcluster.sessions._raywatch import MARK, RayWatcher  # noqa: E402
 from localcluster.sessions.ray import RaySession  # noqa: E402
 from localcluster.testing.pytest_plugin import (Snapshot,  # noqa: E402
                                                 leaks_since)
@@ -74,7 +77,10 @@ class Zones:
         """Add zone_b Ray nodes until there are ZONE_B again, and wait
         until the cluster counts all of them."""
         while len(self.cluster.worker_nodes) < ZONE_B:
-            self.cluster.add_node(num_cpus=1, resources={"zone_b": 1},
+            # waited for below, with the module's patience (Ray's own
+            # wait for one node is 30 s)
+            self.cluster.add_node(wait=False, num_cpus=1,
+                                  resources={"zone_b": 1},
                                   labels={"zone": "b"})
         wait_for(lambda: ray.cluster_resources().get("zone_b") == ZONE_B,
                  f"{ZONE_B} zone_b in the cluster's resources")
@@ -116,11 +122,16 @@ def zones():
                     "module's driver connects to a cluster of its own",
                     pytrace=False)
     own = tempfile.mkdtemp(prefix="lcray")
+    # every process of the cluster carries the watcher's mark: should this
+    # process die first (a CI timeout, the OOM killer), they die with it
+    watcher = RayWatcher().start()
     with pytest.MonkeyPatch.context() as env:
         env.setenv("RAY_TMPDIR", own)
+        env.setenv(MARK, watcher.token)
         made = None
         try:
             made = Zones()
+            watcher.tell(made.cluster.head_node.get_session_dir_path())
             ray.init(address=made.address, include_dashboard=False,
                      configure_logging=False, log_to_driver=False)
             made.restore()
@@ -134,6 +145,7 @@ def zones():
             ray.shutdown()
             if made is not None:
                 made.shutdown()
+            watcher.stop()
             shutil.rmtree(own, ignore_errors=True)
 
 
