@@ -91,11 +91,11 @@ def ray_pool(request):
 def child_processes():
     """Our live child processes (zombies, multiprocessing's helpers, the
     module's Ray and its pool's idle actors, and each open scheduler's
-    node watcher aside: a test counts node processes)."""
+    node watcher and zygotes aside: a test counts node processes)."""
     pool = RAY["pool"]
     keep = RAY["own"] | (pool.pids() if pool is not None else set())
     return [p for pid, p in live_children().items()
-            if pid not in keep and not _watcher(p)]
+            if pid not in keep and not _watcher(p) and not zygote(p)]
 
 
 def running(proc):
@@ -117,6 +117,15 @@ def kill_and_wait(master, procs, bound=10):
         alive = [p for p in alive if running(p)]
         time.sleep(0.01)
     return time.monotonic() - start, alive
+
+
+def zygote(proc):
+    """A LocalHostScheduler's zygote: the parent of a batch of nodes."""
+    try:
+        return proc.cmdline()[:1] and \
+            proc.cmdline()[0].startswith("localcluster zygote")
+    except psutil.Error:
+        return False
 
 
 def _watcher(proc):

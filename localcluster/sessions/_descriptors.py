@@ -12,12 +12,15 @@ counted before it starts anything.
       start the nodes, open the channels
         EMFILE all the same                -> `out_of_descriptors`
 
-The master holds `PER_NODE` descriptors for as long as a node process
-lives (the node's request pipe, its output pipe, its process sentinel and
-one more the process object keeps) and `PER_QUEUE` for each queue
+Node processes are started by a zygote per batch (`_zygote`), forked
+with this process's descriptors and limits: it holds `PER_NODE`
+descriptor for as long as a node process lives (its end of the node's
+socket) besides what it inherited, while the master holds a few per
+zygote (`PER_ZYGOTE`: its control socket, its nodes' output pipe, its
+process sentinel) and none per node, and `PER_QUEUE` for each queue
 between node processes (its channel's two doorbells); `SPARE` covers what
 a fork holds for a moment and the files the master opens meanwhile (the
-run's history, a trace, a log).  Counted before anything starts, a run
+run's history, a trace, a log).  One count covers both processes.  Counted before anything starts, a run
 that cannot fit fails at once -- naming the limit, the count and the
 ``ulimit -n`` that would do (`localcluster.runtime.fdlimit`, which also
 holds the rule for raising the soft limit) -- and leaves no half-started
@@ -29,13 +32,15 @@ import logging
 
 from ..runtime import fdlimit
 
-__all__ = ["PER_NODE", "PER_QUEUE", "SPARE", "make_room", "is_emfile",
+__all__ = ["PER_NODE", "PER_ZYGOTE", "PER_QUEUE", "SPARE", "make_room", "is_emfile",
            "out_of_descriptors"]
 
 log = logging.getLogger(__name__)
 
-#: descriptors the master holds per node process
-PER_NODE = 4
+#: descriptors a zygote holds per node process it started
+PER_NODE = 1
+#: descriptors the master holds per zygote (and the zygote of its own)
+PER_ZYGOTE = 8
 #: descriptors the master holds per queue between node processes
 PER_QUEUE = 2
 #: descriptors kept free for what the master opens besides
@@ -43,7 +48,8 @@ SPARE = 32
 
 
 def _needed(in_use, nodes, queues):
-    return in_use + PER_NODE * nodes + PER_QUEUE * queues + SPARE
+    return in_use + PER_NODE * nodes + (PER_ZYGOTE if nodes else 0) + \
+        PER_QUEUE * queues + SPARE
 
 
 def make_room(nodes, queues):

@@ -1,17 +1,22 @@
 """The master's handle on one node process: spawn, ready, reap, kill, and
 the error that describes a death.
 
-A `NodeHandle` is one incarnation of a node: its process, its duplex pipe,
-its output stream (`_logpump`), its shared control word (the run id to
-cancel) and the mirror of the plans it keeps.  A restart is a new handle.
+A `NodeHandle` is one incarnation of a node: its place in the batch its
+zygote started (`_zygote`), its pid once it said ready, its inbox (the
+messages and the death its zygote relayed), its output stream
+(`_logpump`), its shared control word (the run id to cancel) and the
+mirror of the plans it keeps.  A restart is a new handle.
 
-`wait_events(handles, deadline)` is the one wait of the master: a single
-``poll`` on the handles' pipes *and* process sentinels, so a reply and a
-death are seen alike, at once, and no wait is unbounded by accident
-(``deadline`` is on the `time.monotonic` clock; None waits until
-something happens).  A run keeps a `Poller` over every live node so its
-wait is one system call; the other waits (start-up, a request, shutdown)
-pass the handles they wait for.
+The master starts nodes a batch at a time: a `ZygoteLink` starts one
+zygote, which forks every node of the batch and relays between them and
+the master.  `Mux` is the one wait of the master: a single ``poll`` on
+the control sockets of its zygotes, whose events go to the handles'
+inboxes -- a reply and a death are seen alike, in the order the zygote
+saw them (a node's messages before its death), and no wait is unbounded
+by accident (``deadline`` is on the `time.monotonic` clock; None waits
+until something happens).  `wait_events(handles, deadline)` waits for
+some of ``handles``; what arrives meanwhile for other nodes waits in
+their inboxes.
 """
 
 import collections
@@ -20,6 +25,7 @@ import logging
 import math
 import multiprocessing.process
 import os
+import pickle
 import select
 import signal
 import sys
@@ -31,13 +37,14 @@ import numpy as np
 from ..errors import NodeFailedError, RunTimeoutError
 from ..runtime import shm
 from . import _protocol as P
+from . import _zygote as Z
 from ._node import EXIT_MEMORY, NodeSpec, node_main
-from ._plumbing import MASTER_ENDS, close_master_ends
+from ._plumbing import MASTER_ENDS
 
-__all__ = ["NodeState", "NodeHandle", "ControlWords", "Poller",
-           "wait_events", "CONN",
-           "SENTINEL", "await_ready", "read_goodbyes", "join_all",
-           "START_TIMEOUT", "SHUTDOWN_STEP"]
+__all__ = ["NodeState", "NodeHandle", "ControlWords", "Mux", "ZygoteLink",
+           "wait_events", "CONN", "SENTINEL", "await_ready",
+           "read_goodbyes", "join_all", "START_TIMEOUT", "SHUTDOWN_STEP",
+           "send_all", "signal_all", "kill_all"]
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +52,13 @@ log = logging.getLogger(__name__)
 START_TIMEOUT = 30.0
 #: seconds for each step of shutdown: ask, SIGTERM, SIGKILL
 SHUTDOWN_STEP = 1.0
+#: seconds the master waits for a zygote that said it is done to exit
+ZYGOTE_WAIT = 5.0
 
 CONN, SENTINEL = "conn", "sentinel"
+
+#: a handle's inbox ends with this once its zygote reaped the node
+DEATH = object()
 
 
 class NodeState(enum.Enum):
@@ -62,143 +74,71 @@ class NodeHandle:
         self.name = name
         self.prefix = prefix
         self.kwargs = kwargs
-        self.process = None
-        self._exitcode = None   # kept once the process object is closed
-        self.conn = None
+        self.link = None       # its zygote's ZygoteLink
+        self.id = None         # its place in the zygote's batch
+        self.inbox = collections.deque()
+        self.gone = False      # its zygote reported its death
+        self._exitcode = None
         self.log = None       # LogPump stream
         self.state = NodeState.IDLE
-        self.pid = None
+        self.pid = None       # known once it said ready
         self.plans = collections.OrderedDict()  # mirror of the node's cache
         self.control_word = None  # shared int64: the run id to cancel
-        self.started_at = None    # monotonic seconds: when it was forked
+        self.started_at = None    # monotonic seconds: when it was started
 
     def __repr__(self):
         return f"NodeHandle({self.name!r}, pid={self.pid}, {self.state.value})"
 
     def send(self, msg):
-        P.send(self.conn, msg)
+        """Send ``msg`` to the node (OSError: its zygote is gone)."""
+        if send_all([self], msg):
+            raise OSError(f"the zygote of node {self.name!r} is gone")
+
+    def recv(self):
+        """The next message the node sent; EOFError once only its death
+        is left."""
+        inbox = self.inbox
+        if not inbox or inbox[0] is DEATH:
+            raise EOFError(f"node {self.name!r} is gone")
+        msg = inbox.popleft()
+        if not inbox and self.link is not None:
+            self.link.mux.ready.pop(self, None)
+        return msg
+
+    def kind(self):
+        """What the inbox holds first: CONN (a message), SENTINEL (the
+        death), or None."""
+        if not self.inbox:
+            return None
+        return SENTINEL if self.inbox[0] is DEATH else CONN
 
     def alive(self):
         return self.state is not NodeState.DEAD
 
-    # -- start --------------------------------------------------------------
-
-    @classmethod
-    def spawn(cls, ctx, name, prefix, kwargs, pump, controls, faults=None,
-              sink=None):
-        """Start the node process; returns before it is ready.
-        ``controls``: the scheduler's `ControlWords`; ``faults``: (the
-        fault book's segment, the node's faults); ``sink``: the node's
-        `NodeLog` (its start header is written once the pid is known,
-        before any of its output)."""
-        handle = cls(name, prefix, dict(kwargs))
-        master_conn, node_conn = ctx.Pipe(duplex=True)
-        log_r, log_w = ctx.Pipe(duplex=False)
-        fork = ctx.get_start_method() == "fork"
-        control, handle.control_word = controls.take()
-        # A forked child closes its copies of every master-side pipe end --
-        # its own included -- so that EOF reaches the nodes that need it.
-        MASTER_ENDS.update((master_conn, log_r))
-        inherited = close_master_ends if fork else None
-        spec = NodeSpec(name, prefix, handle.kwargs, os.getpid(),
-                        pdeathsig=ctx.get_start_method() != "forkserver" and
-                        threading.current_thread() is threading.main_thread(),
-                        control=control, close_inherited=inherited,
-                        faults=faults)
-        process = ctx.Process(target=node_main, args=(spec, node_conn, log_w),
-                              name=f"lc-node-{name}", daemon=False)
-        # Unflushed output would be written again by the forked child.
-        for stream in (sys.stdout, sys.stderr):
-            if stream is not None:
-                stream.flush()
-        # A Python signal handler that raises during the fork loses its
-        # exception (it runs inside an at-fork hook, whose exceptions
-        # CPython prints and drops) and the master would go on as if
-        # nothing came: while the process starts, the handlers of the stop
-        # signals only note a signal, raised again below once the node is
-        # wholly ours -- or killed, if that raises.  (Handlers run in the
-        # main thread only: from another thread there is nothing to hold.)
-        deferred, master, held = [], os.getpid(), {}
-
-        def note(signum, frame):
-            if os.getpid() != master:
-                # the new node, before it reset the master's handlers: a
-                # signal does to it what it would have done without them
-                if signum != signal.SIGINT:  # Ctrl-C is the master's
-                    signal.signal(signum, signal.SIG_DFL)
-                    os.kill(os.getpid(), signum)
-                return
-            deferred.append(signum)
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                if callable(signal.getsignal(sig)):
-                    held[sig] = signal.signal(sig, note)
-        started = False
-        try:
-            process.start()
-            started = True
-            # The handle reaps its process itself: out of multiprocessing's
-            # list of children, which every Process.start polls with one
-            # waitpid per live child (quadratic in the nodes started).
-            multiprocessing.process._children.discard(process)
-        finally:
-            for sig, old in held.items():
-                signal.signal(sig, old)
-            if not started:  # the start failed: the signal still counts
-                for end in (master_conn, log_r, node_conn, log_w):
-                    MASTER_ENDS.discard(end)
-                    end.close()
-                for sig in dict.fromkeys(deferred):
-                    signal.raise_signal(sig)
-        # Close our copies of the child's ends now, before the next fork,
-        # so a node's EOF means what it says.
-        node_conn.close()
-        log_w.close()
-        try:
-            os.setpgid(process.pid, process.pid)
-        except OSError:
-            pass  # the child did it first
-        handle.process, handle.conn, handle.pid = process, master_conn, \
-            process.pid
-        handle.started_at = time.monotonic()
-        if sink is not None:
-            sink.started(process.pid)
-        handle.log = pump.add(log_r, name, sink)
-        log.debug("started node %r (pid %d)", name, process.pid)
-        try:
-            for sig in dict.fromkeys(deferred):  # the handlers run here
-                signal.raise_signal(sig)
-        except BaseException:
-            handle.kill()  # the caller never gets it: no node outlives
-            raise
-        return handle
-
     # -- stop ---------------------------------------------------------------
 
     def killpg(self, sig):
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
+        """Send ``sig`` to the node's process group (through its zygote:
+        only the parent of a process can signal it without racing the
+        reuse of its pid)."""
+        if self.link is not None and not self.gone:
+            self.link.command(Z.KILL, [self.id], sig)
 
-    def reap(self, wait=SHUTDOWN_STEP):
-        """Collect a (dying) node: join it, kill what it started, close its
-        pipe, sweep its segments."""
-        self.process.join(wait)
-        # Processes the node started share its group: they go with it (the
-        # unreaped leader still holds the group id).
-        self.killpg(signal.SIGKILL)
-        if self.process.is_alive():
-            self.process.join(SHUTDOWN_STEP)
+    def reap(self, wait=SHUTDOWN_STEP, sweep=True):
+        """Collect a (dying) node: wait for its zygote to report its death
+        (killed past ``wait`` seconds), sweep its segments (unless the
+        caller sweeps those of every node at once: not ``sweep``)."""
+        _wait_gone([self], time.monotonic() + wait)
+        if not self.gone:
+            self.killpg(signal.SIGKILL)
+            _wait_gone([self], time.monotonic() + SHUTDOWN_STEP)
         self.state = NodeState.DEAD
-        MASTER_ENDS.discard(self.conn)
-        self.conn.close()
-        self.log.closed.wait(0.5)
-        shm.sweep(self.prefix)
+        if self.link is not None:
+            self.link.forget(self)
+        if self.log is not None:
+            self.log.closed.wait(0.5)
+        if sweep:
+            shm.sweep(self.prefix)
 
     def kill(self):
         self.killpg(signal.SIGKILL)
@@ -206,18 +146,13 @@ class NodeHandle:
 
     @property
     def exitcode(self):
-        """The node process's exit status (None while it runs)."""
-        return self._exitcode if self._exitcode is not None \
-            else self.process.exitcode
+        """The node process's exit status (None while it runs, or if its
+        zygote died first)."""
+        return self._exitcode
 
     def release(self):
-        """Once reaped: close the process object, whose sentinel and pipe
-        descriptors would otherwise stay open until it is collected."""
-        process = self.process
-        if process is not None and self._exitcode is None and \
-                process.exitcode is not None:
-            self._exitcode = process.exitcode
-            process.close()
+        """Once reaped: nothing of it is left in the master."""
+        self.inbox.clear()
 
     def death_error(self, during, fault=None):
         """Reap a dead node; the NodeFailedError describing its death
@@ -241,6 +176,9 @@ class NodeHandle:
             cause = "it crashed (segmentation fault) in native code"
         elif signame:
             cause = f"it was killed by {signame}"
+        elif code is None:
+            cause = ("the process that started it (its zygote) died, and "
+                     "it with it")
         else:
             cause = f"it exited with status {code}"
         what = f"{signame}, exit {code}" if signame else f"exit {code}"
@@ -267,6 +205,8 @@ class NodeHandle:
             node=self.name, exitcode=self.exitcode)
         error.__cause__ = P.RemoteTraceback(info["traceback"])
         return error
+
+
 
 
 def _memory_fix(limit):
@@ -323,49 +263,337 @@ def signal_name(exitcode):
     return None
 
 
+# -- starting ---------------------------------------------------------------
+
+
+class ZygoteLink:
+    """The master's end of one zygote and the batch of nodes it started:
+    its control socket (in the scheduler's `Mux`), its process and the
+    output pipe of its nodes (in the `LogPump`)."""
+
+    def __init__(self, mux, handles, process, conn, on_gone=None):
+        self.mux = mux
+        self.handles = list(handles)   # by id; None once forgotten
+        self.process = process
+        self.pid = process.pid
+        self.conn = conn
+        self.on_gone = on_gone
+        self.closed = False
+
+    def __repr__(self):
+        return f"ZygoteLink(pid={self.pid}, nodes={len(self.handles)})"
+
+    @classmethod
+    def start(cls, ctx, mux, pump, batch, handles, sinks, on_gone=None):
+        """Start the zygote of ``batch`` (its nodes' ``handles`` and log
+        ``sinks``, in batch order); returns before any node is ready."""
+        control, zygote_end = ctx.Pipe(duplex=True)
+        out_r, out_w = ctx.Pipe(duplex=False)
+        # A zygote forked later closes these (and this zygote its copy).
+        MASTER_ENDS.update((control, out_r))
+        process = ctx.Process(target=Z.zygote_main,
+                              args=(batch, zygote_end, out_w),
+                              name="lc-zygote", daemon=False)
+        try:
+            deferred = _start(process)
+        except BaseException:
+            for end in (control, out_r, zygote_end, out_w):
+                MASTER_ENDS.discard(end)
+                end.close()
+            raise
+        # only the zygote and its nodes hold these now: their EOF is real
+        zygote_end.close()
+        out_w.close()
+        link = cls(mux, handles, process, control, on_gone)
+        now = time.monotonic()
+        streams = pump.add_shared(out_r, [(h.name, s) for h, s in
+                                          zip(handles, sinks)])
+        for node_id, (handle, stream) in enumerate(zip(handles, streams)):
+            handle.link, handle.id, handle.log = link, node_id, stream
+            handle.started_at = now
+        mux.add(link)
+        log.debug("zygote %d starts %d node(s)", process.pid, len(handles))
+        try:
+            for sig in dict.fromkeys(deferred):  # the handlers run here
+                signal.raise_signal(sig)
+        except BaseException:
+            for handle in handles:   # the caller never gets them
+                handle.kill()
+            raise
+        return link
+
+    def command(self, kind, ids, arg):
+        """``(kind, ids, arg)`` to the zygote; OSError if it is gone."""
+        P.send(self.conn, (kind, ids, arg))
+
+    def forget(self, handle):
+        if self.handles[handle.id] is handle:
+            self.handles[handle.id] = None
+        self.mux.ready.pop(handle, None)
+
+    def read(self):
+        """Take one frame of events from the zygote into the inboxes."""
+        try:
+            events = P.recv(self.conn)
+        except (EOFError, OSError):
+            self.close()
+            return
+        ready = self.mux.ready
+        for kind, node_id, value in events:
+            handle = self.handles[node_id]
+            if handle is None:
+                continue
+            if kind == Z.MESSAGE:
+                handle.inbox.append(pickle.loads(value))
+            else:
+                handle._exitcode = value
+                handle.gone = True
+                handle.inbox.append(DEATH)
+            ready[handle] = None
+
+    def close(self, wait=ZYGOTE_WAIT):
+        """The zygote is gone (EOF) or is told to go: reap it; a node it
+        did not report is dead with it."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            P.send(self.conn, (Z.BYE, (), None))
+        except OSError:
+            pass
+        self.mux.remove(self)
+        process = self.process
+        process.join(wait)
+        if process.exitcode is None:
+            process.kill()
+            process.join(wait)
+        for handle in self.handles:
+            if handle is not None and not handle.gone:
+                handle.gone = True
+                handle.inbox.append(DEATH)
+                self.mux.ready[handle] = None
+        MASTER_ENDS.discard(self.conn)
+        self.conn.close()
+        process.close()
+        if self.on_gone is not None:
+            self.on_gone(self)
+
+
+def _start(process):
+    """``process.start()``; the stop signals that came meanwhile, to be
+    raised by the caller once the process is wholly its own."""
+    # Unflushed output would be written again by the forked child.
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    # A Python signal handler that raises during the fork loses its
+    # exception (it runs inside an at-fork hook, whose exceptions CPython
+    # prints and drops) and the master would go on as if nothing came:
+    # while the process starts, the handlers of the stop signals only
+    # note a signal, raised again once the zygote is wholly ours -- or
+    # its nodes killed, if that raises.  (Handlers run in the main thread
+    # only: from another thread there is nothing to hold.)
+    deferred, master, held = [], os.getpid(), {}
+
+    def note(signum, frame):
+        if os.getpid() != master:
+            # the new process, before it reset the master's handlers: a
+            # signal does to it what it would have done without them
+            if signum != signal.SIGINT:  # Ctrl-C is the master's
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+            return
+        deferred.append(signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if callable(signal.getsignal(sig)):
+                held[sig] = signal.signal(sig, note)
+    started = False
+    try:
+        process.start()
+        started = True
+        # The link reaps its process itself: out of multiprocessing's list
+        # of children, which every Process.start polls with one waitpid
+        # per live child.
+        multiprocessing.process._children.discard(process)
+    finally:
+        for sig, old in held.items():
+            signal.signal(sig, old)
+        if not started:  # the start failed: the signal still counts
+            for sig in dict.fromkeys(deferred):
+                signal.raise_signal(sig)
+    return deferred
+
+
+def make_batch(ctx, specs, plans=None):
+    """The `Batch` of a zygote that starts ``specs``."""
+    method = ctx.get_start_method()
+    return Z.Batch(os.getpid(),
+                   pdeathsig=method != "forkserver" and
+                   threading.current_thread() is threading.main_thread(),
+                   forked=method == "fork", target=node_main, specs=specs,
+                   plans=plans)
+
+
+def node_spec(name, prefix, kwargs, control, faults=None, plan_ids=()):
+    return NodeSpec(name, prefix, kwargs, os.getpid(), pdeathsig=True,
+                    control=control, faults=faults, plan_ids=plan_ids)
+
+
+def send_all(handles, msg):
+    """Send ``msg`` to each of ``handles``: pickled once, one command per
+    zygote; the handles whose zygote is gone (not sent)."""
+    raw = Z.frame(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
+    failed = []
+    for link, group in _by_link(handles).items():
+        try:
+            if link is None:
+                raise OSError
+            link.command(Z.SEND, [h.id for h in group], raw)
+        except OSError:
+            failed.extend(group)
+    return failed
+
+
+def signal_all(handles, sig):
+    """Send ``sig`` to each of ``handles``' processes (not their
+    groups), through their zygotes."""
+    for link, group in _by_link(handles).items():
+        try:
+            if link is not None:
+                link.command(Z.SIGNAL, [h.id for h in group], sig)
+        except OSError:
+            pass   # the zygote is gone: so are its nodes
+
+
+def _by_link(handles):
+    """``{link: [handle, ...]}`` (None: the handles of no live zygote)."""
+    out = {}
+    for handle in handles:
+        link = handle.link
+        if link is not None and link.closed:
+            link = None
+        out.setdefault(link, []).append(handle)
+    return out
+
+
 # -- waiting ----------------------------------------------------------------
 
 
-class Poller:
-    """One persistent poll set over live nodes' pipes and sentinels."""
+class Mux:
+    """One persistent poll set over the control sockets of a scheduler's
+    zygotes; ``ready``: the handles whose inbox holds something."""
 
     def __init__(self):
         self._poll = select.poll()
-        self._fds = {}
+        self._links = {}
+        self.ready = {}   # handle -> None, in arrival order
 
-    def add(self, handle, kinds=(CONN, SENTINEL)):
-        for fd, kind in ((handle.conn.fileno(), CONN),
-                         (handle.process.sentinel, SENTINEL)):
-            if kind in kinds:
-                self._poll.register(fd, select.POLLIN)
-                self._fds[fd] = (handle, kind)
+    def __len__(self):
+        return len(self._links)
 
-    def remove(self, handle):
-        for fd, (owner, _) in list(self._fds.items()):
-            if owner is handle:
+    def links(self):
+        return list(self._links.values())
+
+    def add(self, link):
+        fd = link.conn.fileno()
+        self._poll.register(fd, select.POLLIN)
+        self._links[fd] = link
+
+    def remove(self, link):
+        for fd, owner in list(self._links.items()):
+            if owner is link:
                 self._poll.unregister(fd)
-                del self._fds[fd]
+                del self._links[fd]
 
-    def wait(self, deadline):
-        """``(handle, kind)`` of what is ready before ``deadline``."""
+    def discard(self, handle):
+        self.ready.pop(handle, None)
+
+    def read(self, deadline):
+        """Read what the zygotes sent before ``deadline``; False if
+        nothing came."""
         if deadline is None:
             ms = None
         else:
             ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-        return [self._fds[fd] for fd, _ in self._poll.poll(ms)
-                if fd in self._fds]
+        if not self._links:
+            if ms:
+                time.sleep(ms / 1000)
+            return False
+        ready = self._poll.poll(ms)
+        for fd, _ in ready:
+            link = self._links.get(fd)
+            if link is not None:
+                link.read()
+        return bool(ready)
+
+    def wait(self, deadline):
+        """``(handle, kind)`` of every node whose inbox holds something,
+        waiting until ``deadline`` for one."""
+        while not self.ready:
+            if not self.read(deadline):
+                if deadline is not None and time.monotonic() >= deadline:
+                    return []
+        return [(h, h.kind()) for h in list(self.ready) if h.inbox]
+
+
+def _mux_of(handles):
+    for handle in handles:
+        if handle.link is not None:
+            return handle.link.mux
+    return None
 
 
 def wait_events(handles, deadline, kinds=(CONN, SENTINEL)):
-    """``(handle, kind)`` of the ``handles``' pipes and sentinels (or only
-    the ``kinds`` asked for) that are ready before ``deadline`` (monotonic
-    seconds; None: no bound); an empty list when the deadline passed
-    first."""
-    poller = Poller()
-    for handle in handles:
-        if handle.conn is not None and not handle.conn.closed:
-            poller.add(handle, kinds)
-    return poller.wait(deadline)
+    """``(handle, kind)`` of ``handles`` whose inbox holds a message
+    (CONN) or only their death (SENTINEL) -- of the ``kinds`` asked for --
+    before ``deadline`` (monotonic seconds; None: no bound); an empty list
+    when the deadline passed first.  (What is ready is looked up among
+    the handles with something in their inbox: a wait for many nodes
+    costs nothing per node that has not spoken.)"""
+    if not isinstance(handles, (set, frozenset)):
+        handles = set(handles)
+    mux = _mux_of(handles)
+    while True:
+        if mux is not None:
+            found = [(h, h.kind()) for h in list(mux.ready)
+                     if h in handles and h.kind() in kinds]
+        else:
+            found = [(h, h.kind()) for h in handles if h.kind() in kinds]
+        if found:
+            return found
+        if mux is None:
+            if deadline is not None:
+                time.sleep(max(0.0, deadline - time.monotonic()))
+            return []
+        if not mux.read(deadline) and deadline is not None and \
+                time.monotonic() >= deadline:
+            return []
+
+
+def _wait_gone(handles, deadline):
+    """Wait until the zygotes reported the death of each of ``handles``
+    (or ``deadline``)."""
+    mux = _mux_of(handles)
+    left = [h for h in handles if not h.gone]
+    while mux is not None and left:
+        if not mux.read(deadline) and deadline is not None and \
+                time.monotonic() >= deadline:
+            return
+        left = [h for h in left if not h.gone]
+
+
+def kill_all(handles, sig):
+    """Send ``sig`` to the process group of each of ``handles`` (one
+    command per zygote)."""
+    for link, group in _by_link([h for h in handles if not h.gone]).items():
+        if link is None:
+            continue
+        try:
+            link.command(Z.KILL, [h.id for h in group], sig)
+        except OSError:
+            pass   # the zygote is gone: so are its nodes
 
 
 def await_ready(handles, timeout=None):
@@ -379,16 +607,21 @@ def await_ready(handles, timeout=None):
     bound = START_TIMEOUT if timeout is None else min(START_TIMEOUT, timeout)
     waiting = set(handles)
     problems = []
+    # (the earliest start among the waiting, worked out again only when
+    # its deadline passes: not once per event)
+    first = min(h.started_at for h in waiting) if waiting else 0
     while waiting:
-        first = min(h.started_at for h in waiting)
         ready = wait_events(waiting, first + bound)
         if not ready:
             now = time.monotonic()
             late = [h for h in waiting if now >= h.started_at + bound]
             if not late:
+                first = min(h.started_at for h in waiting)
                 continue
+            kill_all(waiting, signal.SIGKILL)
+            _wait_gone(waiting, time.monotonic() + SHUTDOWN_STEP)
             for handle in waiting:
-                handle.kill()
+                handle.reap()
             raise _not_started(sorted(h.name for h in late),
                                sorted(h.name for h in waiting), bound,
                                by_run=timeout is not None and
@@ -422,12 +655,11 @@ def _not_started(late, killed, bound, by_run):
 
 def _ready_problem(handle, kind):
     """None when ``handle`` said READY; else its NodeFailedError."""
-    if kind == SENTINEL and not handle.conn.poll(0):
-        return handle.death_error("starting")
     try:
-        msg = P.recv(handle.conn)
-    except (EOFError, OSError):
+        msg = handle.recv()
+    except EOFError:
         return handle.death_error("starting")
+    handle.pid = msg[1]
     if msg[2] is None:
         return None
     handle.reap()
@@ -441,38 +673,23 @@ def read_goodbyes(handles, deadline):
     its ``bye`` crashed while shutting down (said in the log)."""
     waiting = set(handles)
     while waiting:
-        ready = wait_events(waiting, deadline, kinds=(CONN,))
+        ready = wait_events(waiting, deadline)
         if not ready:
             break
         for handle, _ in ready:
             try:
-                msg = P.recv(handle.conn)
-            except (EOFError, OSError):
+                msg = handle.recv()
+            except EOFError:
                 waiting.discard(handle)
-                handle.process.join(SHUTDOWN_STEP)
                 log.warning(
                     "node %r crashed while shutting down (exit %s) before it"
-                    " said goodbye", handle.name, handle.process.exitcode)
+                    " said goodbye", handle.name, handle.exitcode)
                 continue
             if msg[0] == P.BYE:
                 waiting.discard(handle)
 
 
 def join_all(handles, timeout):
-    """Reap the nodes that exit within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    waiting = set(handles)
-    while waiting:
-        ready = wait_events(waiting, deadline, kinds=(SENTINEL,))
-        if not ready:
-            return
-        for handle, _ in ready:
-            waiting.discard(handle)
-            # What the node started goes with it; then a blocking join
-            # (the sentinel closes a moment before the exit can be
-            # collected, so not join(0)) reaps the leader.
-            try:
-                os.killpg(handle.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            handle.process.join(SHUTDOWN_STEP)
+    """Wait (``timeout`` seconds at most) until the nodes' zygotes
+    reaped them -- and what they started, which goes with them."""
+    _wait_gone(list(handles), time.monotonic() + timeout)

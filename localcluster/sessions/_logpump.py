@@ -11,15 +11,22 @@ stderr as ``[node] line``.  A partial last line is written at EOF.  It keeps
 the last lines of every node for `NodeFailedError`, and tells whoever waits
 (``wait_closed``) when a node's pipe reached EOF -- which, for a dead node,
 means every line it wrote has been seen.
+
+The nodes a zygote started share one pipe (`add_shared`): each writes
+frames of at most PIPE_BUF bytes tagged with its place in the batch
+(`_plumbing.FrameWriter`): its pid first (the log's start header), then
+its output; the zygote writes a node's last frame once it reaped it,
+which closes that node's stream as EOF closes a pipe of its own.
 """
 
 import collections
+import os
 import select
 import threading
 from multiprocessing import connection
 
 from ._nodelogs import NodeLog, std_stream
-from ._plumbing import MASTER_ENDS
+from ._plumbing import MASTER_ENDS, FrameReader
 
 __all__ = ["LogPump"]
 
@@ -50,6 +57,7 @@ class LogPump:
     def __init__(self, name="lc:logs"):
         self._lock = threading.Lock()
         self._streams = {}            # fd -> (conn, _Stream)
+        self._shared = {}     # fd -> (conn, FrameReader, [_Stream by id])
         self._wake_r, self._wake_w = connection.Pipe(duplex=False)
         self._epoll = select.epoll()
         self._epoll.register(self._wake_r.fileno(), select.EPOLLIN)
@@ -74,6 +82,18 @@ class LogPump:
             self._epoll.register(conn.fileno(), select.EPOLLIN)
         return stream
 
+    def add_shared(self, conn, nodes):
+        """Show the output of the nodes that share ``conn`` (``nodes``:
+        ``(node, sink)`` by their id in its frames); their streams."""
+        streams = [_Stream(node, sink if sink is not None else
+                           NodeLog(node, None, std_stream))
+                   for node, sink in nodes]
+        with self._lock:
+            self._shared[conn.fileno()] = (conn, FrameReader(), streams)
+            MASTER_ENDS.add(conn)
+            self._epoll.register(conn.fileno(), select.EPOLLIN)
+        return streams
+
     def last_lines(self, stream):
         return list(stream.last)
 
@@ -89,6 +109,10 @@ class LogPump:
                 MASTER_ENDS.discard(conn)
                 conn.close()
             self._streams.clear()
+            for conn, _, _ in self._shared.values():
+                MASTER_ENDS.discard(conn)
+                conn.close()
+            self._shared.clear()
             for end in (self._wake_w, self._wake_r, self._epoll):
                 MASTER_ENDS.discard(end)
                 end.close()
@@ -112,6 +136,8 @@ class LogPump:
     def _read(self, fd):
         found = self._streams.get(fd)
         if found is None:
+            if fd in self._shared:
+                self._read_shared(fd)
             return
         conn, stream = found
         try:
@@ -122,6 +148,46 @@ class LogPump:
         self._emit(stream, tag, data)
         with stream.progress:
             stream.received += len(data)
+            stream.progress.notify_all()
+
+    def _read_shared(self, fd):
+        conn, reader, streams = self._shared[fd]
+        try:
+            data = os.read(fd, 1 << 16)
+        except OSError:
+            data = b""
+        if not data:   # the zygote and all its nodes are gone
+            for stream in streams:
+                if stream is not None:
+                    self._end(stream)
+            with self._lock:
+                self._shared.pop(fd, None)
+                self._epoll.unregister(fd)
+                MASTER_ENDS.discard(conn)
+                conn.close()
+            return
+        for node_id, kind, chunk in reader.feed(data):
+            stream = streams[node_id]
+            if stream is None:
+                continue
+            if kind == b"o" or kind == b"e":
+                self._emit(stream, "out" if kind == b"o" else "err", chunk)
+                with stream.progress:
+                    stream.received += len(chunk)
+                    stream.progress.notify_all()
+            elif kind == b"s":
+                stream.sink.started(int(chunk))
+            elif kind == b"x":
+                self._end(stream)
+                streams[node_id] = None
+
+    def _end(self, stream):
+        """A node's last frame: its partial lines, then it is closed."""
+        for tag in ("out", "err"):
+            if stream.partial[tag]:
+                self._emit(stream, tag, b"", final=True)
+        with stream.progress:
+            stream.closed.set()
             stream.progress.notify_all()
 
     def _emit(self, stream, tag, data, final=False):

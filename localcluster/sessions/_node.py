@@ -2,12 +2,19 @@
 
 ::
 
-    master --(requests)------------------------------> [main thread]
+    master ~ zygote --(requests)---------------------> [main thread]
        <--(replies, outputs as shm descriptors)------  runs one at a time
     cancel: rid -> control word (shm), then SIGUSR1 --> [canceller thread]
                                           runtime.cancel(rid)
-    master hangs up (POLLRDHUP) ----------------------> [watcher thread]
-    stdout/stderr fds --> [forwarder thread] --(stream, bytes)--> master
+    zygote hangs up (POLLRDHUP) ----------------------> [watcher thread]
+    stdout/stderr fds --> [forwarder thread] --(frames)--> master
+
+The node's socket leads to its zygote (`_zygote`), which relays every
+message unchanged to and from the master; "the master" below is the
+master behind it -- the zygote goes when the master goes.  Its output
+goes as frames on the pipe its batch shares (`_plumbing.FrameWriter`).
+A plan the zygote was given is inherited packed and loaded at the first
+run that names it.
 
 The runtime does the node's work (plans, workspace, runs, queues); this
 module turns the pipe protocol (`_protocol`) into calls on it and owns
@@ -26,7 +33,7 @@ cancel that arrives before its run starts cancels it as it starts.
 The process leads its own process group, which the processes it starts
 share; whatever notices that the master is gone ends that whole group
 (`end_own_group`), so neither the node nor its children outlive the
-master: the parent-death signal if the master's launching thread dies
+master: the parent-death signal when its parent, the zygote, dies
 (Linux; its handler runs in the main thread, at once unless native code
 holds the interpreter), the main loop at pipe EOF, or the watcher, which
 on the pipe's hang-up cancels the run and ends the group if the main loop
@@ -83,7 +90,7 @@ class NodeSpec:
     """What a node process needs to start (picklable for spawn)."""
 
     def __init__(self, name, prefix, kwargs, master_pid, pdeathsig,
-                 control, close_inherited=None, faults=None):
+                 control, close_inherited=None, faults=None, plan_ids=()):
         self.name = name
         self.prefix = prefix            # segment prefix of this incarnation
         self.control = control  # (segment, slot): the int64 rid to cancel
@@ -92,6 +99,11 @@ class NodeSpec:
         self.pdeathsig = pdeathsig
         self.close_inherited = close_inherited  # fork only: other nodes' fds
         self.faults = faults    # (fault book segment, [(index, fault)])
+        #: the parent whose death ends the node (its zygote, or the master)
+        self.parent_pid = master_pid
+        self.forked = close_inherited is not None
+        self.plan_ids = tuple(plan_ids)   # plans its zygote was given
+        self.plans = {}     # {plan id: packed plan} inherited, unloaded
 
 
 def node_main(spec, conn, log_conn):
@@ -114,15 +126,16 @@ def _node_main(spec, conn, log_conn):
     if spec.pdeathsig:  # only when the master is our parent (not forkserver)
         signal.signal(MASTER_GONE_SIGNAL, _master_gone)
         set_parent_death_signal(MASTER_GONE_SIGNAL)
-        if os.getppid() != spec.master_pid:
-            os._exit(1)  # the master died before we armed the signal
-    if spec.close_inherited is not None:
+        if os.getppid() != spec.parent_pid:
+            os._exit(1)  # the parent died before we armed the signal
+    if spec.forked:
         # Forked: what the master's heap holds is not this process's to
         # collect -- a collection would write to (and so copy) every page
         # of it, and freeing the master's unreachable objects here could
         # unmap what this process mapped since at the same address.
         gc.freeze()
-        spec.close_inherited()
+        if spec.close_inherited is not None:
+            spec.close_inherited()
     output = Output(log_conn)
     problem = apply_node_options(spec.kwargs)
     server = _NodeServer(spec, conn, output)
@@ -178,6 +191,7 @@ class _NodeServer:
         self.requests = P.Reader(conn)  # the main thread alone reads them
         self.store = shm.ShmStore(spec.prefix)
         self.channels = _ShmChannels()
+        self.inherited = dict(spec.plans)   # plan id -> packed, unloaded
         self.runtime = NodeRuntime(spec.name, store=self.store,
                                    channel_factory=self.channels,
                                    faults=self._faults(spec))
@@ -347,6 +361,9 @@ class _NodeServer:
         options = options or {}
         if "release" in options:
             self.channels.release(options["release"])
+        if plan_bytes is None:
+            # a plan its zygote was given: loaded at its first run
+            plan_bytes = self.inherited.pop(plan_id, None)
         if plan_bytes is not None:
             try:
                 plan = unpack_plan(plan_bytes)

@@ -7,12 +7,14 @@ its whole process group (`end_own_group`), not SIGKILL, which would end
 the node alone and leave its children to init; the
 redirection of fds 1 and 2 into a pipe the master reads (`Output`), so
 node output reaches the master's terminal tagged with the node's name
-and before the reply of the run that wrote it; and the Node options that
+and before the reply of the run that wrote it (the nodes of a zygote
+share one pipe, written in frames: `FrameWriter`); and the Node options that
 are process limits (``env``, ``cpus``, ``memory_limit``).  Nothing here
 knows of plans or runs.
 """
 
 import ctypes
+import fcntl
 import io
 import logging
 import multiprocessing
@@ -21,6 +23,7 @@ import resource
 import select
 import selectors
 import signal
+import struct
 import sys
 import threading
 
@@ -32,7 +35,8 @@ from ..plan.validate import check_seconds
 __all__ = ["set_parent_death_signal", "MASTER_GONE_SIGNAL", "end_own_group",
            "reset_signal_handlers", "Output",
            "apply_node_options", "check_cpus", "check_arguments",
-           "MASTER_ENDS", "close_master_ends"]
+           "MASTER_ENDS", "close_master_ends", "FrameWriter",
+           "FrameReader", "death_frame", "raise_open_files"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -104,6 +108,91 @@ def reset_signal_handlers():
                 signal.signal(sig, signal.SIG_DFL)
         except (OSError, ValueError, TypeError):
             pass  # SIGKILL/SIGSTOP and the like cannot be handled anyway
+
+
+#: Output frames on a pipe many node processes share: ``(data length,
+#: node id, kind)`` then the data; a frame is at most PIPE_BUF bytes, so
+#: each ``write`` of one is atomic and frames of different nodes never
+#: interleave.  Kinds: ``s`` the node started (data: its pid), ``o``/``e``
+#: stdout/stderr bytes, ``x`` the node is gone (written by its zygote
+#: once it reaped it: nothing of that node follows).
+_FRAME = struct.Struct("!HIc")
+_FRAME_DATA = select.PIPE_BUF - _FRAME.size
+_TAG_KINDS = {"out": b"o", "err": b"e"}
+
+
+def _write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data):]
+
+
+class FrameWriter:
+    """A node's end of its zygote's shared output pipe: ``send((tag,
+    data))`` as `Output` calls it on a connection, written as frames."""
+
+    def __init__(self, fd, node_id):
+        self.fd = fd
+        self.node_id = node_id
+
+    def send(self, msg):
+        tag, data = msg
+        kind = _TAG_KINDS[tag]
+        for at in range(0, len(data), _FRAME_DATA):
+            chunk = data[at:at + _FRAME_DATA]
+            _write_all(self.fd, _FRAME.pack(len(chunk), self.node_id, kind)
+                       + chunk)
+
+    def started(self, pid):
+        """The first frame of a node: its pid (the log's start header)."""
+        data = str(pid).encode()
+        _write_all(self.fd, _FRAME.pack(len(data), self.node_id, b"s") +
+                   data)
+
+
+def death_frame(node_id):
+    """The frame a zygote writes once node ``node_id`` was reaped."""
+    return _FRAME.pack(0, node_id, b"x")
+
+
+class FrameReader:
+    """Splits what a shared output pipe gives into ``(node id, kind,
+    data)`` frames (a read may end inside one: kept for the next)."""
+
+    def __init__(self):
+        self.buffer = bytearray()
+
+    def feed(self, data):
+        buffer = self.buffer
+        buffer += data
+        frames, at, size = [], 0, len(buffer)
+        while size - at >= _FRAME.size:
+            length, node_id, kind = _FRAME.unpack_from(buffer, at)
+            end = at + _FRAME.size + length
+            if end > size:
+                break
+            frames.append((node_id, kind, bytes(buffer[at + _FRAME.size:
+                                                       end])))
+            at = end
+        del buffer[:at]
+        return frames
+
+
+def raise_open_files():
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (a
+    zygote holds one descriptor per node it started)."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            hard = max(soft, 1 << 20)
+        if soft != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):
+        pass
+
+
+def set_nonblocking(fd):
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
 
 
 class Output:

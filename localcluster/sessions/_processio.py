@@ -1,25 +1,24 @@
 """LocalHostScheduler's run I/O: what the run driver (`driver.drive`)
 waits on, cancels and kills when the nodes are processes.
 
-One poll on the scheduler's persistent set of node pipes and process
-sentinels gives the run's events: a reply (after the node's output
-written before it has been shown: the reply carries how many bytes of
-output preceded it), a death (the sentinel, or EOF), or a node outside
-the run that spoke late or died idle (its death is reported by the next
-run that includes it).  A cancel writes the run id into the node's
-control word and sends SIGUSR1; a kill SIGKILLs the node's process
-group.
+One poll on the control sockets of the scheduler's zygotes gives the
+run's events, through the nodes' inboxes (`_handle.Mux`): a reply (after
+the node's output written before it has been shown: the reply carries how
+many bytes of output preceded it), a death (its zygote reaped it), or a
+node outside the run that spoke late or died idle (its death is reported
+by the next run that includes it).  A cancel writes the run id into the
+node's control word and has the zygote send SIGUSR1 (one command per
+zygote); a kill SIGKILLs the node's process group.
 """
 
 import logging
-import os
 import signal
 import time
 
 from ..errors import RunTimeoutError
 from . import _protocol as P
 from . import driver
-from ._handle import CONN, SENTINEL, NodeState
+from ._handle import CONN, SENTINEL, NodeState, signal_all
 
 __all__ = ["ProcessRunIO", "OUTPUT_WAIT"]
 
@@ -45,7 +44,8 @@ class ProcessRunIO(driver.RunIO):
         events = []
         for handle, kind in self.s._poller.wait(deadline):
             if not handle.alive():
-                continue  # its pipe and sentinel both fired: seen once
+                self.s._poller.discard(handle)
+                continue
             if self.by_name.get(handle.name) is not handle:
                 self._idle_event(handle, kind)
                 continue
@@ -58,8 +58,8 @@ class ProcessRunIO(driver.RunIO):
         if kind == SENTINEL:
             return self._died(handle, "running")
         try:
-            msg = P.recv(handle.conn)
-        except (EOFError, OSError):
+            msg = handle.recv()
+        except EOFError:
             return self._died(handle, "running")
         if msg[1] != self.state.rid:
             return None  # a late reply to an earlier, abandoned request
@@ -96,9 +96,9 @@ class ProcessRunIO(driver.RunIO):
             return
         if kind == CONN:
             try:
-                P.recv(handle.conn)  # a reply to an abandoned request
+                handle.recv()  # a reply to an abandoned request
                 return
-            except (EOFError, OSError):
+            except EOFError:
                 pass
         # Nobody waits on this node now: the next run that includes it
         # reports the death (instead of quietly restarting it empty).
@@ -107,15 +107,13 @@ class ProcessRunIO(driver.RunIO):
         log.info("%s", error)  # (raised by that run: said once)
 
     def cancel(self, nodes, rid):
-        for name in nodes:
-            handle = self.by_name[name]
+        handles = [self.by_name[name] for name in nodes]
+        for handle in handles:
             # one aligned 8-byte store (struct.pack_into would zero the word
             # first, and the node could read 0 in between)
             handle.control_word[0] = rid
-            try:
-                os.kill(handle.pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass  # its death shows on the sentinel
+        # its death, if it is gone, comes from its zygote
+        signal_all([h for h in handles if not h.gone], signal.SIGUSR1)
 
     def kill(self, nodes):
         for name in nodes:

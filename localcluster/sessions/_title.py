@@ -25,7 +25,8 @@ try:
 except ImportError:  # pragma: no cover - it is a dependency
     _spt = None
 
-__all__ = ["node_title", "set_title", "set_ray_title"]
+__all__ = ["node_title", "set_title", "set_ray_title", "zygote_title",
+           "set_zygote_title"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,22 @@ def set_title(node, master_pid):
         except Exception:  # noqa: BLE001 - a title is not worth failing
             log.debug("setproctitle failed", exc_info=True)
     _set_comm(node)
+
+
+def zygote_title(master_pid):
+    """The title of a zygote, the parent of a batch of node processes
+    (no colon: no node's title looks like it)."""
+    return f"localcluster zygote ({master_pid})"
+
+
+def set_zygote_title(master_pid):
+    if _spt is not None:
+        try:
+            _spt.setproctitle(zygote_title(master_pid))
+            return
+        except Exception:  # noqa: BLE001 - a title is not worth failing
+            log.debug("setproctitle failed", exc_info=True)
+    _set_comm("zygote")
 
 
 def _set_comm(node):

@@ -2,28 +2,40 @@
 
 ::
 
-    master (this module)                              node process (_node)
-    ----------------------------------------------    ----------------------
+    master (this module)                  zygote (_zygote)      node (_node)
+    ----------------------------------    -----------------    -------------
     run(group)
       plans packed once (_prepare)   -- a plan that cannot be sent fails
-      start missing/dead nodes (_handle)  before anything runs
-      send ("run", rid, plan) -------- duplex pipe ----> NodeRuntime.run()
-      driver.drive(state, io)         <--- ("ok", rid, outputs as shm
-        io.wait: one poll on pipes +        descriptors) / ("error", ...)
-          sentinels -> events             node's stdout/stderr ---> LogPump
-        io.cancel: control word + SIGUSR1    -> "[node] line" in the master
-        io.kill: SIGKILL the process group    and/or <log_dir>/<node>.log
-        node death (sentinel, EOF) -> NodeFailedError, segments swept,
-          restart with an empty workspace on the next run
+      start missing/dead nodes: one       before anything runs
+        zygote per batch (_handle)  ----> forks each node  --> NodeRuntime
+        with the batch's plans            (plans inherited)
+      send ("run", rid, plan id) ---- control socket ----> relayed to each
+        pickled once for all nodes       (one per zygote)   node's socket
+      driver.drive(state, io)       <--- [("m", node, ("ok", rid, outputs
+        io.wait: one poll on the           as shm descriptors) / error),
+          zygotes' sockets -> events        ("x", node, exit code)]
+        io.cancel: control word + SIGUSR1 (through the zygote)
+        io.kill: SIGKILL the node's process group (through the zygote)
+        node death (reported by its zygote) -> NodeFailedError, segments
+          swept, restart with an empty workspace on the next run
       outputs copied out of shared memory (_shmread)
+    node output: one pipe per zygote, frames tagged by node --> LogPump
+      -> "[node] line" in the master and/or <log_dir>/<node>.log
     fetch_blob(name, node)  -> ("fetch") -> descriptor -> map segment
+
+The master holds a few descriptors per zygote and none per node: a run
+of a thousand nodes waits on one socket.  Under ``fork`` (the default) a
+zygote is forked from the master when its batch starts, so its nodes
+see the master as it is then (its imports, ``__main__``, patches); under
+``spawn`` and ``forkserver`` the zygote is started that way and forks
+its nodes, which then hold nothing of the master's state.
 
 The rules of a run (first error wins, the others cancelled and killed past
 a grace period, timeouts, a death while idle raised once by the next run)
 are the run driver's (`driver`); this module gives it the process I/O
 (`_processio`).  Node output goes where ``log_dir``/``log_echo`` say
 (`_nodelogs`); a node's log gets a header line at each start of its
-process, written by the master once it knows the pid.
+process, the first frame the node writes.
 Shutdown asks (and reads each node's goodbye: an exit without one is a
 crash), waits, then SIGTERMs and SIGKILLs each node's process group; every
 segment with the session's prefix is unlinked on ``close()``, at exit, and
@@ -52,13 +64,14 @@ from . import _protocol as P
 from . import driver
 from ._descriptors import is_emfile, make_room, out_of_descriptors
 from ._groupwatch import GroupWatcher
-from ._handle import (SHUTDOWN_STEP, ControlWords, NodeHandle, NodeState,
-                      Poller, await_ready, join_all, read_goodbyes,
+from ._handle import (SHUTDOWN_STEP, ControlWords, Mux, NodeHandle,
+                      NodeState, ZygoteLink, await_ready, join_all, kill_all,
+                      make_batch, node_spec, read_goodbyes, send_all,
                       wait_events)
 from ._logpump import LogPump
 from ._nodelogs import NodeLogs, std_stream
 from ._plumbing import MASTER_ENDS, check_arguments, check_cpus
-from ._prepare import Prepared, QueueChannels, run_message
+from ._prepare import Prepared, QueueChannels, must_send, run_message
 from ._processio import OUTPUT_WAIT, ProcessRunIO
 from ._shmread import SegmentReader
 from .base import Session
@@ -108,7 +121,7 @@ class LocalHostScheduler(Session):
         self._reader = SegmentReader()
         self._prepared = Prepared()
         self._queues = QueueChannels(self._prefix)
-        self._poller = Poller()
+        self._poller = Mux()    # the zygotes' control sockets
         self._controls = ControlWords(f"{self._prefix}ctl")
         #: kills the node groups if this process dies (started with the
         #: first node)
@@ -145,13 +158,17 @@ class LocalHostScheduler(Session):
     def node_pids(self):
         """``{node: pid}`` of the running node processes (a node that died
         and has not restarted yet is left out)."""
-        return {n: h.pid for n, h in self._nodes.items() if h.alive()}
+        return {n: h.pid for n, h in self._nodes.items()
+                if h.alive() and h.pid is not None}
 
-    def _ensure(self, wanted, timeout=None, queues=0):
+    def _ensure(self, wanted, timeout=None, queues=0, plans=None):
         """Start every node of ``{name: kwargs}`` that is not running, each
         ready within ``timeout`` seconds (a run's) if one is given; first
         make sure the descriptors they and ``queues`` new queue channels
-        need can be opened (`_descriptors`)."""
+        need can be opened (`_descriptors`).  The missing nodes start
+        together, from one zygote, which is given the packed plans of
+        ``plans`` (``{node: (plan id, bytes, ...)}``) that they run next:
+        each node inherits its plan instead of being sent it."""
         missing = {}
         for name, kwargs in wanted.items():
             handle = self._nodes.get(name)
@@ -168,13 +185,13 @@ class LocalHostScheduler(Session):
             missing[name] = kwargs
         make_room(len(missing), queues)
         starting = []
-        try:
-            for name, kwargs in missing.items():
-                starting.append(self._spawn(name, kwargs))
-        except OSError as exc:
-            if not is_emfile(exc):
-                raise
-            raise out_of_descriptors(len(missing), queues) from None
+        if missing:
+            try:
+                starting = self._spawn(missing, plans or {})
+            except OSError as exc:
+                if not is_emfile(exc):
+                    raise
+                raise out_of_descriptors(len(missing), queues) from None
         if starting:
             try:
                 await_ready(starting, timeout)
@@ -182,25 +199,47 @@ class LocalHostScheduler(Session):
                 for handle in starting:
                     if not handle.alive():
                         self._forget(handle)
+                    elif handle.pid is not None:
+                        self._watcher.add(handle.pid)
         return [self._nodes[n] for n in wanted]
 
-    def _spawn(self, name, kwargs):
-        prefix = f"{self._prefix}{next(self._node_seq)}_"
-        faults = None
-        if self.faults is not None:
-            faults = (self._fault_book, faults_of_node(self.faults, name))
-        sink = self._logs.get(name)   # a log that cannot open: nothing ran
-        handle = NodeHandle.spawn(self._ctx, name, prefix, kwargs,
-                                  self._pump, self._controls, faults, sink)
-        self._nodes[name] = handle
-        self._poller.add(handle)
-        self._watcher.add(handle.pid)
-        return handle
+    def _spawn(self, missing, plans):
+        """Start the nodes of ``missing`` (``{name: kwargs}``) from one new
+        zygote; their handles, not ready yet."""
+        handles, specs, sinks, packed = [], [], [], {}
+        for name, kwargs in missing.items():
+            prefix = f"{self._prefix}{next(self._node_seq)}_"
+            faults = None
+            if self.faults is not None:
+                faults = (self._fault_book, faults_of_node(self.faults, name))
+            sinks.append(self._logs.get(name))  # cannot open: nothing ran
+            handle = NodeHandle(name, prefix, dict(kwargs))
+            control, handle.control_word = self._controls.take()
+            plan_ids = ()
+            prepared = plans.get(name)
+            if prepared is not None:
+                plan_ids = (prepared[0],)
+                packed[prepared[0]] = prepared[1]
+                must_send(handle.plans, prepared[0])   # it has it now
+            specs.append(node_spec(name, prefix, handle.kwargs, control,
+                                   faults, plan_ids))
+            handles.append(handle)
+        batch = make_batch(self._ctx, specs, packed)
+        # the watcher knows the zygote from its start (it leads its own
+        # group), the nodes once they said ready
+        link = ZygoteLink.start(self._ctx, self._poller, self._pump, batch,
+                                handles, sinks, self._zygote_gone)
+        self._watcher.add(link.pid)
+        for handle in handles:
+            self._nodes[handle.name] = handle
+        return handles
+
+    def _zygote_gone(self, link):
+        self._watcher.remove(link.pid)
 
     def _forget(self, handle):
-        """A reaped node: out of the poll set, its mappings dropped, its
-        process object closed."""
-        self._poller.remove(handle)
+        """A reaped node: out of the wait set, its mappings dropped."""
+        self._poller.discard(handle)
         self._reader.forget(handle.name)
         if handle.pid is not None:
             self._watcher.remove(handle.pid)
@@ -236,7 +275,7 @@ class LocalHostScheduler(Session):
             raise error
         queues = self._queues.missing(shared)
         handles = self._ensure({p.node: p.node_kwargs for p in plans},
-                               timeout, queues)
+                               timeout, queues, prepared)
         rid = next(self._rids)
         try:
             channels = self._queues.for_run(shared, plans, prepared)
@@ -252,21 +291,22 @@ class LocalHostScheduler(Session):
             options["epoch"] = self.current_epoch
         conditions = self.run_conditions or {}
         try:
+            # nodes given the same message (a prototype's instances) get
+            # it pickled once, in one command to their zygote
+            same = {}
             for handle in handles:
                 node_options = self._queues.options_for(handle.name, options)
                 if handle.name in conditions:
                     node_options = dict(node_options,
                                         conditions=conditions[handle.name])
-                try:
-                    handle.send(run_message(
-                        handle, rid, prepared[handle.name], channels,
-                        node_options))
-                    handle.state = NodeState.RUNNING
-                except (OSError, EOFError):
-                    driver.apply(state, (driver.DIED, handle.name,
-                                         self._death(handle,
-                                                     "receiving a plan")),
-                                 self._unreported)
+                msg = run_message(handle, rid, prepared[handle.name],
+                                  channels, node_options)
+                if msg[3] is None and node_options is options:
+                    same.setdefault(msg[2], (msg, []))[1].append(handle)
+                    continue
+                self._send_run([handle], msg, state)
+            for msg, group in same.values():
+                self._send_run(group, msg, state)
         except BaseException:
             # interrupted while sending: what was sent is cancelled, and
             # what was not is not waited for
@@ -277,6 +317,16 @@ class LocalHostScheduler(Session):
             raise
         return driver.drive(state, io, CANCEL_GRACE, timeout,
                             self._unreported)
+
+    def _send_run(self, handles, msg, state):
+        failed = set(send_all(handles, msg))
+        for handle in handles:
+            if handle in failed:
+                driver.apply(state, (driver.DIED, handle.name,
+                                     self._death(handle, "receiving a plan")),
+                             self._unreported)
+            else:
+                handle.state = NodeState.RUNNING
 
     # -- requests between runs --------------------------------------------------
 
@@ -298,8 +348,8 @@ class LocalHostScheduler(Session):
                     f"node {handle.name!r} did not answer {msg[0]!r} within "
                     f"{REQUEST_TIMEOUT} s; it was killed")
             try:
-                reply = P.recv(handle.conn)
-            except (EOFError, OSError):
+                reply = handle.recv()
+            except EOFError:
                 raise self._death(handle, f"handling {msg[0]}") from None
             if reply[1] != rid:
                 continue
@@ -373,11 +423,15 @@ class LocalHostScheduler(Session):
         finally:
             # Whatever interrupted the polite part (Ctrl-C, an error), no
             # node and no segment outlives close().
+            left = [h for h in live if h.alive()]
+            kill_all(left, signal.SIGKILL)
+            join_all(left, SHUTDOWN_STEP)
             for handle in live:
                 if handle.alive():
-                    handle.killpg(signal.SIGKILL)
-                    handle.reap()
+                    handle.reap(sweep=False)   # all swept below
                 self._forget(handle)
+            for link in self._poller.links():
+                link.close()   # its nodes are gone: it exits
             self._reader.clear()
             self._queues.close()
             self._sync_faults()
@@ -392,26 +446,21 @@ class LocalHostScheduler(Session):
     def _shut_down(self, live):
         """Ask and read each goodbye, wait, then SIGTERM and SIGKILL the
         nodes' process groups."""
-        asked = []
-        for handle in live:
-            try:
-                handle.send((P.SHUTDOWN, 0))
-                asked.append(handle)
-            except (OSError, EOFError):
-                pass
+        failed = send_all(live, (P.SHUTDOWN, 0))
+        failed = set(failed)
+        asked = [h for h in live if h not in failed]
         read_goodbyes(asked, time.monotonic() + SHUTDOWN_STEP)
         join_all(live, SHUTDOWN_STEP)
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            alive = [h for h in live if h.process.is_alive()]
+            alive = [h for h in live if not h.gone]
             if not alive:
                 break
             log.warning("node(s) %s did not stop when asked; sending %s",
                         [h.name for h in alive], sig.name)
-            for handle in alive:
-                handle.killpg(sig)
+            kill_all(alive, sig)
             join_all(alive, SHUTDOWN_STEP)
         for handle in live:
-            handle.reap()
+            handle.reap(sweep=False)   # _close sweeps the session's prefix
 
     def __del__(self):
         try:

@@ -2,53 +2,37 @@
 any other exit -- also while shutting down -- is a crash."""
 
 import logging
-import multiprocessing
-import os
 import time
 
 import pytest
 
 from localcluster.sessions import _protocol as P
-from localcluster.sessions._handle import NodeHandle, read_goodbyes
-
-
-def answer_shutdown(conn, say_bye):
-    kind, rid = P.recv(conn)
-    assert kind == P.SHUTDOWN
-    if say_bye:
-        P.send(conn, (P.BYE, rid))
-        os._exit(0)
-    os._exit(3)  # gone without a word: a crash
+from localcluster.sessions._handle import DEATH, NodeHandle, read_goodbyes
 
 
 @pytest.mark.parametrize("say_bye", [True, False])
 def test_an_exit_without_goodbye_during_shutdown_is_a_crash(caplog,
                                                             say_bye):
-    ctx = multiprocessing.get_context("fork")
-    master, node_end = ctx.Pipe(duplex=True)
-    process = ctx.Process(target=answer_shutdown, args=(node_end, say_bye))
-    process.start()
-    node_end.close()
+    """What the node's zygote relayed: its goodbye then its exit, or its
+    exit alone."""
     handle = NodeHandle("n", "unused_", {})
-    handle.process, handle.conn, handle.pid = process, master, process.pid
-    try:
-        P.send(master, (P.SHUTDOWN, 9))
-        with caplog.at_level(logging.WARNING,
-                             logger="localcluster.sessions._handle"):
-            read_goodbyes([handle], time.monotonic() + 10)
-        process.join(10)
-        crashes = [r.getMessage() for r in caplog.records
-                   if "crashed while shutting down" in r.getMessage()]
-        if say_bye:
-            assert crashes == []
-        else:
-            assert crashes == ["node 'n' crashed while shutting down "
-                               "(exit 3) before it said goodbye"]
-    finally:
-        if process.is_alive():
-            process.kill()
-        process.join(5)
-        master.close()
+    if say_bye:
+        handle.inbox.extend([(P.BYE, 9), DEATH])
+        handle._exitcode = 0
+    else:
+        handle.inbox.append(DEATH)
+        handle._exitcode = 3
+    handle.gone = True
+    with caplog.at_level(logging.WARNING,
+                         logger="localcluster.sessions._handle"):
+        read_goodbyes([handle], time.monotonic() + 10)
+    crashes = [r.getMessage() for r in caplog.records
+               if "crashed while shutting down" in r.getMessage()]
+    if say_bye:
+        assert crashes == []
+    else:
+        assert crashes == ["node 'n' crashed while shutting down "
+                           "(exit 3) before it said goodbye"]
 
 
 def test_a_scheduler_that_closes_cleanly_hears_every_goodbye(caplog,

@@ -1,5 +1,7 @@
 """Starting nodes: the master's work per node does not grow with the nodes
-already running, and a forked node still holds no master-side pipe end.
+already running, a forked node still holds no master-side pipe end, and
+the master's descriptors do not grow with the nodes (their zygote holds
+their sockets).
 
 (No clock here: the growth is counted in calls and descriptors.)
 """
@@ -9,8 +11,8 @@ import os
 
 import numpy as np
 
-from localcluster import (LocalHostScheduler, Node, Task, TaskGroup,
-                          WorkspaceType, ops)
+from localcluster import (Cluster, LocalHostScheduler, Node, Task,
+                          TaskGroup, WorkspaceType, ops)
 from localcluster.sessions import _plumbing
 
 
@@ -51,14 +53,15 @@ def test_forked_nodes_hold_no_master_side_end_and_close_forgets_them():
     scheduler = LocalHostScheduler(nodes=[f"n{i}" for i in range(6)])
     try:
         ends = _plumbing.MASTER_ENDS - before
-        # each node's request and output pipe ends, the pump's own
-        assert len(ends) >= 2 * 6
+        # the zygote's control socket and its nodes' output pipe, the
+        # pump's own
+        assert len(ends) >= 2
         ours = {_link("self", end.fileno()) for end in ends}
         ours -= {None, "anon_inode:[eventpoll]"}  # named alike in any process
         for name, pid in scheduler.node_pids().items():
             held = [_link(pid, fd) for fd in os.listdir(f"/proc/{pid}/fd")]
-            # only the write end of its own output pipe (a pipe's two ends
-            # are one inode)
+            # only the write end of its batch's output pipe (a pipe's two
+            # ends are one inode)
             shared = [link for link in held if link in ours]
             assert len(shared) <= 1 and all(
                 link.startswith("pipe:") for link in shared), (name, shared)
@@ -95,3 +98,28 @@ def test_a_forked_node_does_not_collect_the_masters_heap():
         assert int(scheduler.fetch_blob("frozen", "n")) > 1000
     finally:
         scheduler.close()
+
+
+def test_the_masters_descriptors_do_not_grow_with_the_nodes():
+    """20 or 200 instances of a prototype: the master holds as many
+    descriptors either way (the zygote holds one per node)."""
+    import psutil
+    me = psutil.Process()
+
+    def held(n):
+        with Cluster(), TaskGroup() as group:
+            with Node("w", num_instances=n), Task():
+                ops.Add([ops.NodeIndex(), ops.Const(1)])
+        scheduler = LocalHostScheduler()
+        try:
+            scheduler.run(group)
+            return me.num_fds(), len(scheduler.node_pids())
+        finally:
+            scheduler.close()
+
+    held(2)   # what a first scheduler opens for good (the pump's, ...)
+    small, started = held(20)
+    assert started == 20
+    big, started = held(200)
+    assert started == 200
+    assert big == small, (small, big)
