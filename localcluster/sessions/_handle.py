@@ -374,7 +374,10 @@ class ZygoteLink:
                 self.mux.ready[handle] = None
         MASTER_ENDS.discard(self.conn)
         self.conn.close()
-        process.close()
+        try:
+            process.close()
+        except ValueError:   # reaped by someone else: no status to close
+            log.warning("zygote %d could not be reaped", self.pid)
         if self.on_gone is not None:
             self.on_gone(self)
 

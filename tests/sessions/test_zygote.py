@@ -1,0 +1,203 @@
+"""The zygote that starts a batch of node processes and relays for them:
+a death it reports names the node and how it died, nothing outlives the
+master, the zygote itself is reaped, and a prototype's plan reaches its
+instances once."""
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+from localcluster import (Cluster, LocalHostScheduler, Node, NodeFailedError,
+                          Task, TaskGroup, ops)
+from localcluster.runtime import shm
+from localcluster.sessions import _handle
+from localcluster.sessions import _protocol as P
+
+from conftest import child_processes, kill_and_wait, zygote
+
+
+def prototype_group(count, seconds=0.0):
+    with Cluster(), TaskGroup() as group:
+        with Node("trainer", num_instances=count), Task():
+            ops.Add([ops.NodeIndex(), ops.Const(1)])
+            if seconds:
+                ops.Sleep([], seconds=seconds)
+    return group
+
+
+def zygotes():
+    return [p for p in psutil.Process().children() if zygote(p)]
+
+
+def test_the_nodes_of_a_run_have_one_zygote_for_parent():
+    scheduler = LocalHostScheduler()
+    try:
+        scheduler.run(prototype_group(6))
+        [parent] = zygotes()
+        pids = scheduler.node_pids()
+        assert sorted(pids) == [f"trainer_{i}" for i in range(6)]
+        assert {psutil.Process(p).ppid() for p in pids.values()} == \
+            {parent.pid}
+        assert parent.cmdline()[0] == f"localcluster zygote ({os.getpid()})"
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_an_instance_killed_mid_run_is_named_with_its_signal(sig):
+    scheduler = LocalHostScheduler()
+    try:
+        group = prototype_group(8, seconds=0.5)
+        scheduler.run(prototype_group(8))   # started
+        victim = scheduler.node_pids()["trainer_5"]
+        # a master-side kill (not through the zygote): what a user or the
+        # OOM killer does
+        timer = threading.Timer(0.2, os.kill, (victim, sig))
+        timer.start()
+        with pytest.raises(NodeFailedError) as info:
+            scheduler.run(group, timeout=30)
+        timer.join()
+        assert info.value.node == "trainer_5"
+        assert info.value.signal_name == sig.name
+        assert info.value.exitcode == -sig
+        assert f"node 'trainer_5' died ({sig.name}" in str(info.value)
+        # it restarts (from a zygote of its own) and the others kept theirs
+        scheduler.run(prototype_group(8))
+        assert scheduler.node_pids()["trainer_5"] != victim
+    finally:
+        scheduler.close()
+
+
+def test_close_reaps_every_zygote():
+    scheduler = LocalHostScheduler(nodes=["a", "b"])
+    scheduler.run(prototype_group(4))   # a second batch: a second zygote
+    found = zygotes()
+    assert len(found) == 2
+    scheduler.close()
+    for parent in found:
+        assert not parent.is_running()   # reaped, not a zombie
+    assert not zygotes() and not child_processes()
+
+
+def test_a_zygote_whose_nodes_all_died_exits_and_is_reaped():
+    with Cluster(), TaskGroup() as group:
+        with Node("a"), Task():
+            ops.Const(1)
+    scheduler = LocalHostScheduler(nodes=["a"])
+    try:
+        [parent] = zygotes()
+        os.kill(scheduler.node_pids()["a"], signal.SIGKILL)
+        with pytest.raises(NodeFailedError, match="'a'.*SIGKILL"):
+            scheduler.run(group)
+        scheduler.run(group)   # restarted: the old zygote is reaped by now
+        assert not parent.is_running()
+        [new] = zygotes()
+        assert new.pid != parent.pid
+    finally:
+        scheduler.close()
+
+
+def test_a_prototypes_plan_is_sent_to_its_zygote_once(monkeypatch):
+    """Its instances inherit it: no run message carries its bytes, and
+    the instances given the same message get it in one command."""
+    commands = []
+    real = _handle.ZygoteLink.command
+
+    def recording(link, kind, ids, arg):
+        commands.append((kind, len(ids), arg))
+        return real(link, kind, ids, arg)
+
+    monkeypatch.setattr(_handle.ZygoteLink, "command", recording)
+    scheduler = LocalHostScheduler()
+    try:
+        group = prototype_group(12)
+        scheduler.run(group)
+        scheduler.run(group)
+    finally:
+        scheduler.close()
+    runs = [(n, pickle.loads(arg[4:])) for kind, n, arg in commands
+            if kind == "send"]
+    runs = [(n, msg) for n, msg in runs if msg[0] == P.RUN]
+    assert [n for n, _ in runs] == [12, 12]   # one command per run
+    assert all(msg[3] is None for _, msg in runs)   # no plan bytes
+
+
+def test_output_of_many_instances_reaches_each_ones_log(tmp_path):
+    def group():
+        with Cluster(), TaskGroup() as g:
+            with Node("talker", num_instances=10), Task():
+                ops.Python(_talk)([ops.NodeIndex()], [])
+        return g
+
+    scheduler = LocalHostScheduler(log_dir=str(tmp_path), log_echo=False)
+    try:
+        scheduler.run(group())
+        pids = scheduler.node_pids()
+    finally:
+        scheduler.close()
+    for i in range(10):
+        text = (tmp_path / f"talker_{i}.log").read_text().splitlines()
+        assert text[0].startswith(f"--- talker_{i} started: pid "
+                                  f"{pids[f'talker_{i}']},")
+        lines = text[1:]
+        # a line longer than a frame arrives whole, in order
+        assert lines == [f"{i}:{j}:" + "x" * (j * 997) for j in range(8)]
+
+
+def _talk(index):
+    for j in range(8):
+        print(f"{int(index)}:{j}:" + "x" * (j * 997))
+
+
+MASTER = textwrap.dedent("""
+    import numpy as np
+    from localcluster import (Cluster, LocalHostScheduler, Node, Task,
+                              TaskGroup, ops)
+    session = LocalHostScheduler({start_method!r})
+    with Cluster(), TaskGroup() as tg:
+        with Node("trainer", num_instances=20), Task():
+            ops.Add([ops.NodeIndex(), ops.Const(1)])
+    session.run(tg)
+    session.feed_blob("big", np.ones(1 << 16), node="trainer_3")
+    print(session.shm_prefix, *session.node_pids().values(), flush=True)
+    import time
+    time.sleep(3600)
+""")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_killed_master_takes_every_instance_and_segment_with_it(
+        start_method):
+    master = subprocess.Popen(
+        [sys.executable, "-c", MASTER.format(start_method=start_method)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        prefix, *pids = master.stdout.readline().split()
+        assert len(pids) == 20
+        assert shm.segments(prefix), "the master made no segments"
+        nodes = [psutil.Process(int(p)) for p in pids]
+        parents = {n.ppid() for n in nodes}
+        took, alive = kill_and_wait(master, nodes)
+        assert not alive, f"instances outlived their master: {alive}"
+        for pid in parents:   # the zygote went too
+            assert not psutil.pid_exists(pid) or \
+                psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        deadline = time.monotonic() + 10
+        while shm.segments(prefix) and time.monotonic() < deadline:
+            time.sleep(0.05)   # the group watcher sweeps them
+        assert not shm.segments(prefix)
+    finally:
+        if master.poll() is None:
+            master.kill()
+            master.wait(10)
+        master.stdout.close()
+
