@@ -575,16 +575,21 @@ def wait_events(handles, deadline, kinds=(CONN, SENTINEL)):
             return []
 
 
-def _wait_gone(handles, deadline):
+def _wait_gone(handles, deadline, extend=None):
     """Wait until the zygotes reported the death of each of ``handles``
-    (or ``deadline``)."""
+    (or ``deadline``; with ``extend``, the deadline moves to ``extend``
+    seconds after each death that came: many nodes stopping on few cores
+    are given the time they take, as long as they keep stopping)."""
     mux = _mux_of(handles)
     left = [h for h in handles if not h.gone]
     while mux is not None and left:
         if not mux.read(deadline) and deadline is not None and \
                 time.monotonic() >= deadline:
             return
-        left = [h for h in left if not h.gone]
+        still = [h for h in left if not h.gone]
+        if extend is not None and len(still) < len(left):
+            deadline = time.monotonic() + extend
+        left = still
 
 
 def kill_all(handles, sig):
@@ -671,14 +676,18 @@ def _ready_problem(handle, kind):
         "Node(...) options", node=handle.name)
 
 
-def read_goodbyes(handles, deadline):
+def read_goodbyes(handles, deadline, extend=None):
     """Read each node's answer to SHUTDOWN: a node whose pipe ends without
-    its ``bye`` crashed while shutting down (said in the log)."""
+    its ``bye`` crashed while shutting down (said in the log).  Waits
+    until ``deadline`` -- moved to ``extend`` seconds after each answer,
+    if given."""
     waiting = set(handles)
     while waiting:
         ready = wait_events(waiting, deadline)
         if not ready:
             break
+        if extend is not None:
+            deadline = time.monotonic() + extend
         for handle, _ in ready:
             try:
                 msg = handle.recv()
@@ -692,7 +701,9 @@ def read_goodbyes(handles, deadline):
                 waiting.discard(handle)
 
 
-def join_all(handles, timeout):
-    """Wait (``timeout`` seconds at most) until the nodes' zygotes
-    reaped them -- and what they started, which goes with them."""
-    _wait_gone(list(handles), time.monotonic() + timeout)
+def join_all(handles, timeout, extend=False):
+    """Wait (``timeout`` seconds at most -- after the last death that
+    came, if ``extend``) until the nodes' zygotes reaped them -- and what
+    they started, which goes with them."""
+    _wait_gone(list(handles), time.monotonic() + timeout,
+               timeout if extend else None)

@@ -449,8 +449,11 @@ class LocalHostScheduler(Session):
         failed = send_all(live, (P.SHUTDOWN, 0))
         failed = set(failed)
         asked = [h for h in live if h not in failed]
-        read_goodbyes(asked, time.monotonic() + SHUTDOWN_STEP)
-        join_all(live, SHUTDOWN_STEP)
+        # (a node's goodbye or death moves the deadline: a thousand nodes
+        # stopping on two cores take more than a step, and are no crash)
+        read_goodbyes(asked, time.monotonic() + SHUTDOWN_STEP,
+                      extend=SHUTDOWN_STEP)
+        join_all(live, SHUTDOWN_STEP, extend=True)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             alive = [h for h in live if not h.gone]
             if not alive:
