@@ -15,6 +15,22 @@ same run, so the growth shows whatever the machine's speed:
 - an epoch of the embedded job (``python -m localcluster.run``, its
   checkpoint included) at 2, 8 and 32 trainers (``--quick``: 2 and 8),
   shown as epochs per second.
+
+Run as a script it measures node prototypes instead and prints a table::
+
+    python scripts/bench_scale.py [--quick] [--sizes 16,256,1000,4000]
+
+at each size N (each in a fresh process, so memory and descriptors are
+that size's alone): building a job of a trainer prototype of N instances
+writing to one queue a ps node reads; start-up (the first run of a no-op
+group on the N instances); a no-op run on them; the master's RSS and
+descriptors; the memory of an idle instance (USS, median of a sample) and
+what the machine gave (available memory before and after); then a fresh
+scheduler trains that job with a JobRunner and a
+MultiNodeCheckpointManager for 2 epochs: the first epoch (start-up
+included), the second, and the checkpoint bytes of an epoch.  Last, the
+build ratio of 1 reader + a prototype of 100000 trainers against 10
+(bound: 3x).
 """
 
 import json
@@ -168,3 +184,175 @@ def _epoch_rows(quick):
                 f"{small} ({1 / stats[small].median:.1f} epochs/s)",
                 stats[big], stats[small])
             for small, big in zip(sizes, sizes[1:])]
+
+
+# -- node prototypes (run as a script) ------------------------------------------------
+
+#: sizes of a full run and of --quick
+PROTO_SIZES = (16, 256, 1000, 4000)
+QUICK_SIZES = (16, 64)
+#: a prototype of 100000 trainers builds within this many times 10's
+PROTO_BUILD_RATIO = 3.0
+
+
+def proto_job(count, epochs=2):
+    """A JobRunner job: a trainer prototype of ``count`` instances, each
+    adding to its own weight and writing it to one queue, which a ps node
+    reads and sums."""
+    from localcluster import Job, Queue, epoch_limiter
+    queue = Queue(4, name="to_ps")
+    with Job() as job:
+        with Node("trainer", num_instances=count):
+            with job.init_group, Task(name="w"):
+                ops.Cast([ops.NodeIndex()], ["w"], to="float64")
+            with Task(name="step"):
+                ops.Add(["w", ops.Const(1.0)], ["w"])
+                queue.writer().write_record(ops.net(), {"w": "w"})
+        with Node("ps"):
+            with job.init_group, Task(name="tot"):
+                ops.ConstantFill([], ["tot"], value=0.0)
+            with Task(name="gather"):
+                with ops.loop(count):
+                    _, record = queue.reader().read_record(ops.net())
+                    ops.Add(["tot", record["w"]], ["tot"])
+            epoch_limiter(job, epochs)
+    return job
+
+
+def _proto_build(count):
+    """Seconds to build and group 1 reader + a prototype of ``count``."""
+    start = time.perf_counter()
+    with Cluster(), TaskGroup() as group:
+        with Node("reader"), Task(name="read"):
+            ops.Const(np.ones(1), name="x")
+        with Node("trainer", num_instances=count), Task(name="train"):
+            ops.Const(np.ones(1), name="w")
+        group.tasks_by_node()
+    return time.perf_counter() - start
+
+
+def measure_one(count):
+    """Every figure of one size, measured in this process."""
+    from localcluster import JobRunner, MultiNodeCheckpointManager
+    me = psutil.Process()
+    out = {"n": count}
+    start = time.perf_counter()
+    job = proto_job(count)
+    out["build_s"] = time.perf_counter() - start
+    with Cluster(), TaskGroup() as noop:
+        with Node("trainer", num_instances=count), Task():
+            ops.Const(0)
+    available = psutil.virtual_memory().available
+    scheduler = LocalHostScheduler()
+    try:
+        start = time.perf_counter()
+        scheduler.run(noop)
+        out["startup_s"] = time.perf_counter() - start
+        runs = []
+        for _ in range(5):
+            start = time.perf_counter()
+            scheduler.run(noop)
+            runs.append(time.perf_counter() - start)
+        out["noop_run_s"] = sorted(runs)[len(runs) // 2]
+        time.sleep(0.5)   # what the instances freed settles
+        out["machine_mb"] = (available -
+                             psutil.virtual_memory().available) / MiB
+        out["master_rss_mb"] = me.memory_info().rss / MiB
+        out["master_fds"] = me.num_fds()
+        pids = sorted(scheduler.node_pids().values())
+        step = max(1, len(pids) // 32)
+        uss = sorted(psutil.Process(pid).memory_full_info().uss
+                     for pid in pids[::step])
+        out["uss_mib"] = uss[len(uss) // 2] / MiB
+    finally:
+        scheduler.close()
+    directory = tempfile.mkdtemp(prefix="lc_bench_proto_")
+    marks = []
+    try:
+        scheduler = LocalHostScheduler()
+        try:
+            start = time.perf_counter()
+            JobRunner(job, MultiNodeCheckpointManager(directory),
+                      on_epoch=lambda report: marks.append(
+                          time.perf_counter())).train(scheduler)
+            out["train_s"] = time.perf_counter() - start
+            out["master_fds_job"] = me.num_fds()
+            out["master_rss_mb_job"] = me.memory_info().rss / MiB
+        finally:
+            scheduler.close()
+        out["epoch1_s"] = marks[0] - start if marks else None
+        out["epoch2_s"] = marks[1] - marks[0] if len(marks) > 1 else None
+        out["ckpt_bytes"] = sum(
+            os.path.getsize(os.path.join(directory, name))
+            for name in os.listdir(directory) if name.endswith(".1"))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return out
+
+
+def _measure_fresh(count, timeout):
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--one", str(count)],
+        capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"size {count} exited {proc.returncode}: "
+                           f"{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+COLUMNS = [("n", "N", "{}"), ("build_s", "build s", "{:.3f}"),
+           ("startup_s", "start-up s", "{:.2f}"),
+           ("noop_run_s", "no-op run s", "{:.3f}"),
+           ("epoch1_s", "1st epoch s", "{:.2f}"),
+           ("epoch2_s", "2nd epoch s", "{:.2f}"),
+           ("train_s", "train s", "{:.2f}"),
+           ("master_rss_mb", "master RSS MB", "{:.0f}"),
+           ("master_fds", "master fds", "{}"),
+           ("master_fds_job", "fds (job)", "{}"),
+           ("uss_mib", "instance USS MiB", "{:.2f}"),
+           ("machine_mb", "machine MB", "{:.0f}"),
+           ("ckpt_bytes", "ckpt B/epoch", "{}")]
+
+
+def _cell(fmt, value):
+    return "-" if value is None else fmt.format(value)
+
+
+def main(argv=None):
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"sizes {QUICK_SIZES}, a smaller build ratio")
+    parser.add_argument("--sizes", help="comma-separated sizes")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args(argv)
+    if args.one is not None:
+        print(json.dumps(measure_one(args.one)))
+        return 0
+    sizes = (tuple(int(n) for n in args.sizes.split(",")) if args.sizes
+             else QUICK_SIZES if args.quick else PROTO_SIZES)
+    rows = [_measure_fresh(n, 120 + n // 10) for n in sizes]
+    print(" | ".join(title for _, title, _ in COLUMNS))
+    for row in rows:
+        print(" | ".join(_cell(fmt, row.get(key)) for key, _, fmt in COLUMNS))
+    big = 10000 if args.quick else 100000
+    small = min(_proto_build(10) for _ in range(5))
+    large = min(_proto_build(big) for _ in range(3))
+    ratio = large / small
+    print(f"build of 1 reader + a prototype of {big} trainers vs 10: "
+          f"{large * 1000:.2f} ms vs {small * 1000:.2f} ms = {ratio:.2f}x "
+          f"(bound {PROTO_BUILD_RATIO}x)")
+    if len(sizes) > 1 and rows[0].get("startup_s"):
+        for a, b in zip(rows, rows[1:]):
+            print(f"start-up {b['n']} vs {a['n']}: "
+                  f"{b['startup_s'] / a['startup_s']:.2f}x "
+                  f"(linear {b['n'] / a['n']:.1f}x)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"sizes": rows, "build_ratio": ratio}, f, indent=1)
+    return 0 if ratio <= PROTO_BUILD_RATIO else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

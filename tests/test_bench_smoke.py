@@ -135,3 +135,28 @@ def test_bench_without_the_peers_reports_their_rows_skipped(tmp_path):
     for key in MEASUREMENTS:
         assert_figures(key, results[key])
     assert report["errors"] == []
+
+
+SCALE = BENCH.parent / "bench_scale.py"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_bench_scale_prototypes_prints_every_figure(tmp_path):
+    """scripts/bench_scale.py as a script: node prototypes at two small
+    sizes, each figure present, and the build ratio within its bound."""
+    out = tmp_path / "scale.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCALE), "--quick", "--sizes", "4,8", "--json",
+         str(out)], capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert [row["n"] for row in report["sizes"]] == [4, 8]
+    for row in report["sizes"]:
+        for key in ("build_s", "startup_s", "noop_run_s", "epoch1_s",
+                    "epoch2_s", "master_rss_mb", "master_fds", "uss_mib",
+                    "ckpt_bytes"):
+            assert row[key] is not None and row[key] > 0, (key, row)
+        assert row["master_fds"] < 64, row
+    assert 0 < report["build_ratio"] <= 3.0
+    assert "start-up s" in proc.stdout and "build of 1 reader" in proc.stdout
