@@ -304,6 +304,10 @@ class ZygoteLink:
         # only the zygote and its nodes hold these now: their EOF is real
         zygote_end.close()
         out_w.close()
+        try:   # its own group, before the group watcher may kill it
+            os.setpgid(process.pid, process.pid)
+        except OSError:
+            pass   # it did it first (or is no child of ours: forkserver)
         link = cls(mux, handles, process, control, on_gone)
         now = time.monotonic()
         streams = pump.add_shared(out_r, [(h.name, s) for h, s in
@@ -521,8 +525,8 @@ class Mux:
         else:
             ms = max(0, math.ceil((deadline - time.monotonic()) * 1000))
         if not self._links:
-            if ms:
-                time.sleep(ms / 1000)
+            # nothing can come; a caller without a deadline looks again
+            time.sleep(0.05 if ms is None else ms / 1000)
             return False
         ready = self._poll.poll(ms)
         for fd, _ in ready:

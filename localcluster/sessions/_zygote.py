@@ -304,7 +304,10 @@ class _Zygote:
             except BlockingIOError:
                 if not block:
                     break
-                select.select([], [self.control], [], 1.0)
+                waiting = select.poll()   # (the fd may be past 1023)
+                waiting.register(self.control, select.POLLOUT)
+                if not waiting.poll(1000):
+                    break   # the master reads nothing: it is as good as gone
                 continue
             except OSError:
                 self.to_master.clear()   # the master is gone
