@@ -458,8 +458,11 @@ class LocalHostScheduler(Session):
             alive = [h for h in live if not h.gone]
             if not alive:
                 break
+            names = [h.name for h in alive]
+            shown = names if len(names) <= 10 else \
+                names[:10] + [f"... {len(names) - 10} more"]
             log.warning("node(s) %s did not stop when asked; sending %s",
-                        [h.name for h in alive], sig.name)
+                        shown, sig.name)
             kill_all(alive, sig)
             join_all(alive, SHUTDOWN_STEP)
         for handle in live:
