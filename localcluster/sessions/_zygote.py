@@ -158,10 +158,19 @@ class _Zygote:
         self.epoll.register(self.wake_r, select.EPOLLIN)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         signal.signal(signal.SIGCHLD, _noop)
+        # the zygote's own way into the output pipe, which never blocks it
+        # (a master that reads no output must not stop it relaying): a new
+        # open file of the pipe, non-blocking without making the nodes' so
+        try:
+            self.out_nb = os.open(f"/proc/self/fd/{out_w}",
+                                  os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            self.out_nb = os.dup(out_w)   # no /proc: it may block, then
+        self.last_frames = bytearray()    # node ends not written yet
         # the slot a node's socket takes in the node (dup2 onto it)
         self.slot = os.open(os.devnull, os.O_RDONLY)
         self.own = (control, self.wake_r, self.wake_w, self.epoll.fileno(),
-                    self.slot)
+                    self.out_nb, self.slot)
         #: every node socket end of the zygote is numbered from here up
         self.base = max(int(fd) for fd in os.listdir("/proc/self/fd")) + 1
 
@@ -199,6 +208,8 @@ class _Zygote:
                                  select.EPOLLERR):
                         self._read_child(child)
             self._reap()   # a SIGCHLD may have come while we read
+            if self.last_frames:
+                self._write_last_frames()
         if not self.master_gone:
             self._flush_master(block=True)
 
@@ -378,12 +389,26 @@ class _Zygote:
                 self._read_child(child)   # what it wrote before it died
                 self._close_child(child)
             del self.children[child.id]
-            try:
-                os.write(self.out_w, death_frame(child.id))
-            except OSError:
-                pass
+            self.last_frames += death_frame(child.id)
+            self._write_last_frames()
             self.events.append((EXITED, child.id,
                                 os.waitstatus_to_exitcode(status)))
+
+    def _write_last_frames(self):
+        """Write the frames that end dead nodes' output, as far as the
+        pipe takes them now (each is smaller than PIPE_BUF: written whole
+        or not at all); the rest at the next turn of the loop."""
+        frames = self.last_frames
+        size = len(death_frame(0))
+        while frames:
+            try:
+                os.write(self.out_nb, frames[:size])
+            except BlockingIOError:
+                return
+            except OSError:
+                frames.clear()   # nobody reads output any more
+                return
+            del frames[:size]
 
     # -- the end ------------------------------------------------------------------
 

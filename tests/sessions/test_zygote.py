@@ -201,3 +201,49 @@ def test_a_killed_master_takes_every_instance_and_segment_with_it(
             master.wait(10)
         master.stdout.close()
 
+
+
+def _flood():
+    for _ in range(4000):
+        print("x" * 250)
+
+
+def _die_soon():
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_death_is_reported_while_the_master_shows_no_output(monkeypatch,
+                                                             capfd):
+    """The master's terminal takes nothing (a pager stopped, say): the
+    output pipe fills, and the zygote still reports a death at once."""
+    gate = threading.Event()
+
+    class Stuck:
+        def write(self, text):
+            gate.wait(60)
+
+        def flush(self):
+            pass
+
+    with Cluster(), TaskGroup() as group:
+        with Node("talker"), Task():
+            ops.Python(_flood)([], [])
+        with Node("victim"), Task():
+            ops.Python(_die_soon)([], [])
+    from localcluster.sessions import localhost
+    stuck = Stuck()
+    monkeypatch.setattr(localhost, "std_stream",
+                        lambda tag: stuck if tag == "out" else sys.stderr)
+    scheduler = LocalHostScheduler(nodes=["talker", "victim"])
+    try:
+        started = time.monotonic()
+        with capfd.disabled(), pytest.raises(NodeFailedError) as info:
+            scheduler.run(group, timeout=30)
+        assert info.value.node == "victim"
+        assert info.value.signal_name == "SIGKILL"
+        assert time.monotonic() - started < 15
+    finally:
+        gate.set()
+        monkeypatch.undo()
+        scheduler.close()
