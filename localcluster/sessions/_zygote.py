@@ -50,6 +50,7 @@ node.  The zygote exits by itself once its last node is reaped and
 reported; the master then reaps it.
 """
 
+import collections
 import fcntl
 import gc
 import os
@@ -117,7 +118,9 @@ class _Child:
     def __init__(self, node_id, pid, fd):
         self.id, self.pid, self.fd = node_id, pid, fd
         self.inbuf = bytearray()
-        self.outbuf = bytearray()
+        # what waits to be written to the node: views on the master's
+        # messages, shared by every node a message went to (not copied)
+        self.outbuf = collections.deque()
         self.eof = False
 
 
@@ -293,7 +296,7 @@ class _Zygote:
             for node_id in ids:
                 child = self.children.get(node_id)
                 if child is not None and not child.eof:
-                    child.outbuf += raw
+                    child.outbuf.append(memoryview(raw))
                     self._flush_child(child)
         elif kind in (SIGNAL, KILL):
             _, ids, sig = msg
@@ -334,15 +337,19 @@ class _Zygote:
     # -- the nodes' side ---------------------------------------------------------
 
     def _flush_child(self, child):
-        while child.outbuf:
+        out = child.outbuf
+        while out:
             try:
-                sent = os.write(child.fd, child.outbuf)
+                sent = os.write(child.fd, out[0])
             except BlockingIOError:
                 break
             except OSError:
-                child.outbuf.clear()   # it is gone: its death follows
+                out.clear()   # it is gone: its death follows
                 break
-            del child.outbuf[:sent]
+            if sent < len(out[0]):
+                out[0] = out[0][sent:]
+            else:
+                out.popleft()
         if not child.eof:
             mask = select.EPOLLIN | (select.EPOLLOUT if child.outbuf else 0)
             self.epoll.modify(child.fd, mask)

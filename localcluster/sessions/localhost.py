@@ -292,7 +292,9 @@ class LocalHostScheduler(Session):
         conditions = self.run_conditions or {}
         try:
             # nodes given the same message (a prototype's instances) get
-            # it pickled once, in one command to their zygote
+            # it pickled once, in one command to their zygote -- with the
+            # plan's bytes, for instances started before they ran it:
+            # sent to the zygote once, which writes them to each
             same = {}
             for handle in handles:
                 node_options = self._queues.options_for(handle.name, options)
@@ -301,8 +303,9 @@ class LocalHostScheduler(Session):
                                         conditions=conditions[handle.name])
                 msg = run_message(handle, rid, prepared[handle.name],
                                   channels, node_options)
-                if msg[3] is None and node_options is options:
-                    same.setdefault(msg[2], (msg, []))[1].append(handle)
+                if node_options is options:
+                    key = (msg[2], msg[3] is None)
+                    same.setdefault(key, (msg, []))[1].append(handle)
                     continue
                 self._send_run([handle], msg, state)
             for msg, group in same.values():

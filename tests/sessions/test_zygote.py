@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from localcluster import (Cluster, LocalHostScheduler, Node, NodeFailedError,
-                          Task, TaskGroup, ops)
+                          Task, TaskGroup, WorkspaceType, ops)
 from localcluster.runtime import shm
 from localcluster.sessions import _handle
 from localcluster.sessions import _protocol as P
@@ -128,6 +128,48 @@ def test_a_prototypes_plan_is_sent_to_its_zygote_once(monkeypatch):
     runs = [(n, msg) for n, msg in runs if msg[0] == P.RUN]
     assert [n for n, _ in runs] == [12, 12]   # one command per run
     assert all(msg[3] is None for _, msg in runs)   # no plan bytes
+
+
+def test_instances_started_before_get_their_plan_in_one_command(
+        monkeypatch):
+    """Started up front (no plan to inherit): the plan's bytes still go to
+    their zygote once, for all of them."""
+    commands = []
+    real = _handle.ZygoteLink.command
+
+    def recording(link, kind, ids, arg):
+        commands.append((kind, len(ids), arg))
+        return real(link, kind, ids, arg)
+
+    monkeypatch.setattr(_handle.ZygoteLink, "command", recording)
+    scheduler = LocalHostScheduler(
+        nodes=[f"trainer_{i}" for i in range(12)])
+    try:
+        scheduler.run(prototype_group(12))
+    finally:
+        scheduler.close()
+    runs = [(n, pickle.loads(arg[4:])) for kind, n, arg in commands
+            if kind == "send"]
+    runs = [(n, msg) for n, msg in runs if msg[0] == P.RUN]
+    assert len(runs) == 1 and runs[0][0] == 12
+    assert runs[0][1][3] is not None   # the plan's bytes, once
+
+
+def test_a_plan_bigger_than_a_socket_buffer_reaches_every_instance():
+    import numpy as np
+    big = np.arange(400_000, dtype=np.float64)   # 3.2 MB in the plan
+    with Cluster(), TaskGroup(WorkspaceType.GLOBAL) as group:
+        with Node("trainer", num_instances=4), Task():
+            ops.Add([ops.ReduceSum([ops.Const(big)]), ops.NodeIndex()],
+                     ["total"])
+    scheduler = LocalHostScheduler(nodes=[f"trainer_{i}" for i in range(4)])
+    try:
+        scheduler.run(group)
+        for i in range(4):
+            assert float(scheduler.fetch_blob("total", f"trainer_{i}")) \
+                == big.sum() + i
+    finally:
+        scheduler.close()
 
 
 def test_output_of_many_instances_reaches_each_ones_log(tmp_path):
