@@ -1,10 +1,11 @@
 """The limit on a process's open file descriptors: one rule for raising
 it, and the error that names it.
 
-A localcluster master holds a few descriptors per node process and per
-queue between node processes (`localcluster.sessions._descriptors` counts
-them), a node a few per queue end; hundreds of nodes need more than the
-soft RLIMIT_NOFILE most systems start a process with (1024).
+A localcluster master holds a few descriptors per queue between node
+processes, the zygote that starts a batch of node processes one per node
+(`localcluster.sessions._descriptors` counts them), a node a few per queue
+end; a thousand nodes need more than the soft RLIMIT_NOFILE most systems
+start a process with (1024).
 
 Decided: localcluster raises the soft limit to the hard one when it needs
 more -- before a run starts nodes that would not fit, and when a shared-

@@ -47,8 +47,9 @@ _PR_SET_PDEATHSIG = 1
 MASTER_GONE_SIGNAL = signal.SIGRTMAX
 
 #: The master-side pipe ends of every scheduler of this process (each
-#: node's request and output pipes, the log pump's own): a forked node
-#: closes its copies so that EOF reaches the nodes that need it.  Kept up
+#: zygote's control socket and its nodes' output pipe, the log pump's
+#: own, the log files): a forked zygote closes its copies so that EOF
+#: reaches the zygotes and nodes that need it.  Kept up
 #: to date as ends are made and closed -- an end is discarded before it is
 #: closed -- so starting a node does not gather them anew (with hundreds
 #: of nodes, gathering them at every start made start-up quadratic).

@@ -1,6 +1,8 @@
 """Messages between the LocalHostScheduler master and its node processes.
 
-One duplex pipe per node carries pickled tuples; every request carries a
+One socket per node -- to the zygote that started it, which relays each
+message unchanged to and from the master (`_zygote`) -- carries pickled
+tuples; every request carries a
 request id (``rid``) that its reply repeats, so a late reply to a cancelled
 request is recognised and dropped::
 
@@ -31,8 +33,8 @@ attributes and the formatted traceback -- and are rebuilt in the master
 A run is cancelled out of band (the node is busy running it): the master
 writes the run id into the node's shared control word and sends SIGUSR1.
 
-A second, one-way pipe per node carries the node's stdout/stderr as
-``(stream, bytes)``.
+The node's stdout/stderr go as frames on a pipe the nodes of its zygote
+share (`_plumbing.FrameWriter`).
 """
 
 import os
