@@ -3,6 +3,7 @@ and CPU lists, fault plans, conditions and logs take instance names."""
 
 import os
 
+import numpy as np
 import psutil
 import pytest
 from _protojob import build
@@ -118,3 +119,21 @@ def test_a_manager_given_the_prototype_checkpoints_each_instance(tmp_path):
         # options are the prototype's
         assert cluster.nodes() == ["trainer", "ps"]
         assert cluster.kwargs_of("trainer_2") == {"env": {"A": "1"}}
+
+
+def _env_value():
+    return np.array(float(os.environ.get("LC_PROTO_TEST", "0")))
+
+
+def test_an_instance_fed_before_it_ran_starts_with_its_prototypes_options():
+    from localcluster import Cluster, Node, Task, TaskGroup, ops
+    with Cluster(), LocalHostScheduler() as session:
+        Node("trainer", num_instances=2, env={"LC_PROTO_TEST": "7"})
+        session.feed_blob("x", [1, 2], node="trainer_1")
+        pid = session.node_pids()["trainer_1"]
+        with TaskGroup() as tg, Node("trainer_1"), Task() as task:
+            ops.Python(_env_value)([], ["env"])
+            out = task.add_output("env")
+        session.run(tg)
+        assert float(out.fetch()) == 7.0
+        assert session.node_pids()["trainer_1"] == pid   # not restarted

@@ -93,6 +93,8 @@ class Session:
         #: ``{node: the PRIVATE plans it ran}`` (weakly): what a fetch of a
         #: blob such a run made, and dropped, says
         self._private_plans = {}
+        #: ``{name: N}`` of the node prototypes this session has run
+        self._prototypes = {}
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -259,6 +261,17 @@ class Session:
                 break
         return BlobNotFoundError(name, node, hint)
 
+    def _not_running(self, name, node, why):
+        """The `BlobNotFoundError` of fetching ``name`` from ``node``,
+        which has no runtime here (``why``); for the name of a prototype,
+        it names the instances that hold blobs instead."""
+        count = self._prototypes.get(str(node))
+        if count is not None:
+            why = (f"{node!r} is a node prototype; its {count} instances "
+                   f"{node}_0 .. {node}_{count - 1} hold the blobs: fetch "
+                   f"from one of them, e.g. node='{node}_0'")
+        return BlobNotFoundError(name, node, why)
+
     def _sync_faults(self):
         """Add the faults that fired since the last look to the plan's
         ``fired()``; returns them."""
@@ -299,7 +312,10 @@ class Session:
         cached = self._plans.get(group)
         if cached is not None and cached[0] == plan_epoch():
             return cached[1]
-        plans = expand_plans(group.node_plans())
+        folded = group.node_plans()
+        self._prototypes.update((p.node, p.count) for p in folded
+                                if p.count is not None)
+        plans = expand_plans(folded)
         check_queue_ends(plans, repr(group))
         outputs = [(task.node, task.node_kwargs.get("num_instances"),
                     output)

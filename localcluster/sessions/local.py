@@ -40,7 +40,7 @@ import weakref
 
 import numpy as np
 
-from ..errors import BlobNotFoundError, NodeFailedError
+from ..errors import NodeFailedError
 from ..plan.validate import feedable, queues_of, shared_queues
 from ..runtime.channels import LocalChannel
 from ..runtime.faults import (FaultBook, NodeDeath, NodeFaults,
@@ -253,7 +253,7 @@ class LocalSession(Session):
         if value is None:
             if runtime is not None:
                 raise self._blob_not_found(name, node)
-            raise BlobNotFoundError(name, node, "that node has not run "
+            raise self._not_running(name, node, "that node has not run "
                                     "anything in this session")
         if copy:
             return np.array(value, copy=True)

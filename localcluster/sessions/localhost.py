@@ -54,7 +54,7 @@ import weakref
 
 import numpy as np
 
-from ..errors import BlobNotFoundError, RunTimeoutError
+from ..errors import RunTimeoutError
 from ..plan.node_plan import process_options
 from ..plan.validate import check_feedable
 from ..runtime import shm
@@ -380,7 +380,7 @@ class LocalHostScheduler(Session):
         if desc is None:
             if handle is not None:
                 raise self._blob_not_found(name, node)
-            raise BlobNotFoundError(name, node, "that node is not running "
+            raise self._not_running(name, node, "that node is not running "
                                     "in this session")
         return self._reader.read((str(node), "blob", str(name)), desc, copy)
 
@@ -390,7 +390,7 @@ class LocalHostScheduler(Session):
         check_feedable(name, value, array)  # the node keeps numbers only
         node = str(node)
         handle = self._idle_node(node) or self._ensure(
-            {node: Cluster.current().node_kwargs().get(node, {})})[0]
+            {node: Cluster.current().kwargs_of(node)})[0]
         # copied once, straight into a segment whose memory is reserved
         # first: a full /dev/shm is an error here, not a SIGBUS
         segment, mm = shm.create_unique(

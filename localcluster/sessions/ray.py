@@ -58,7 +58,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError(
         "RaySession needs Ray: pip install 'localcluster[ray]'") from exc
 
-from ..errors import BlobNotFoundError, NodeFailedError
+from ..errors import NodeFailedError
 from ..plan.faults import EXIT_STATUS
 from ..plan.node_plan import process_options
 from ..plan.validate import feedable
@@ -444,7 +444,7 @@ class RaySession(Session):
         if value is None:
             if str(node) in self._nodes:
                 raise self._blob_not_found(name, node)
-            raise BlobNotFoundError(name, node, "that node has not run "
+            raise self._not_running(name, node, "that node has not run "
                                     "anything in this session")
         if copy:
             return np.array(value, copy=True)

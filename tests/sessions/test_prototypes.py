@@ -152,3 +152,11 @@ def test_cpus_as_lists_spread_over_the_instances():
         Node("u", num_instances=2, cpus=[[0], "x"])
     with pytest.raises(PlanError, match="cpus must be a non-empty list"):
         Node("v", cpus=[[0], [1]])   # lists of lists need a prototype
+
+
+def test_fetching_from_the_prototype_itself_names_its_instances(session):
+    tg, _, _ = _indexed(2)
+    session.run(tg)
+    with pytest.raises(KeyError, match="trainer_0 .. trainer_1"):
+        session.fetch_blob("mine", "trainer")
+
