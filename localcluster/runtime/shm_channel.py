@@ -135,6 +135,24 @@ BATCH_WAIT = 0.001
 _ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
+def _wait_exclusive(bell, cancelled, seconds):
+    """Wait for doorbell ``bell`` or the run's cancellation, ``seconds``
+    at most, as one of the doorbell's *exclusive* waiters: a ring wakes
+    one of them, not all.  A shared queue may have a thousand waiters (the
+    instances of a prototype writing to one ps): woken all at once for
+    every ring, each to find the one slot or record taken already, they
+    would spend the queue's time on the lock.  One wakes, and what it
+    leaves for the others it rings for again (the chain every waiter
+    follows, see the module docstring) -- a close too."""
+    waiter = select.epoll(2)
+    try:
+        waiter.register(bell, select.EPOLLIN | select.EPOLLEXCLUSIVE)
+        waiter.register(cancelled.fileno(), select.EPOLLIN)
+        waiter.poll(seconds)
+    finally:
+        waiter.close()
+
+
 class ShmChannel:
     """One node's end of a cross-node queue (see the module docstring)."""
 
@@ -205,16 +223,19 @@ class ShmChannel:
                 words[waiting] -= 1
                 return
         try:
-            # a poll object per wait (~1 us, less than a select): threads
-            # of a node may wait on one channel at once, and one poll
-            # object cannot be polled by two threads
-            poller = select.poll()
-            poller.register(bell, select.POLLIN)
-            if isinstance(cancelled, CancelEvent):
-                poller.register(cancelled.fileno(), select.POLLIN)
-                poller.poll(min(seconds, SAFETY_WAKE) * 1000)
+            if self._shared and isinstance(cancelled, CancelEvent):
+                _wait_exclusive(bell, cancelled, min(seconds, SAFETY_WAKE))
             else:
-                poller.poll(min(seconds, WAIT_SLICE) * 1000)
+                # a poll object per wait (~1 us, less than a select):
+                # threads of a node may wait on one channel at once, and
+                # one poll object cannot be polled by two threads
+                poller = select.poll()
+                poller.register(bell, select.POLLIN)
+                if isinstance(cancelled, CancelEvent):
+                    poller.register(cancelled.fileno(), select.POLLIN)
+                    poller.poll(min(seconds, SAFETY_WAKE) * 1000)
+                else:
+                    poller.poll(min(seconds, WAIT_SLICE) * 1000)
         finally:
             with lock:
                 words[waiting] -= 1

@@ -555,3 +555,51 @@ def test_reads_of_several_records_never_hold_every_slot(readers_in):
         assert "hung" not in got and sum(got) == n, got
     finally:
         parts.close()
+
+
+def test_a_ring_of_a_shared_queue_wakes_one_of_its_waiters_not_all():
+    """A record put into a queue a thousand instances wait on wakes one of
+    them: woken all at once, each to find it taken, they spent the queue's
+    time on its lock (an epoch of a 1000-instance job took 20 s)."""
+    parts = ChannelParts(shm.session_prefix() + "qherd_", 4, "herd", True)
+    channel = ShmChannel(parts.desc)
+    readers, sleeps, got = 12, [], []
+    plain_sleep = channel._sleep
+
+    def counted(*args, **kwargs):
+        sleeps.append(1)
+        return plain_sleep(*args, **kwargs)
+
+    channel._sleep = counted
+    cancelled = CancelEvent()
+
+    def read():
+        records, _, done = channel.get(2, cancelled=cancelled)
+        got.append(int(records[0][0][0]))
+        done()
+
+    threads = [threading.Thread(target=read) for _ in range(readers)]
+    try:
+        for thread in threads:
+            thread.start()
+        for i in range(readers):
+            # every reader left is asleep before each record is put
+            deadline = time.monotonic() + 20
+            while channel._words[shm_channel.WAIT_CONSUMERS] < readers - i:
+                assert time.monotonic() < deadline, "readers never slept"
+                time.sleep(0.001)
+            assert channel.put((np.array([i]),))
+            assert channel.put((np.array([i]),))
+        for thread in threads:
+            thread.join(20)
+        assert sorted(got) == list(range(readers))
+        # one wake per record (each reader sleeps once, and perhaps once
+        # more); all of them per record would be 12 + 11 + ... + 1 = 78
+        assert len(sleeps) <= 2 * readers, len(sleeps)
+    finally:
+        cancelled.set()
+        for thread in threads:
+            thread.join(5)
+        channel.release()
+        parts.close()
+        cancelled.close()
