@@ -13,7 +13,8 @@ import time
 import psutil
 import pytest
 
-from localcluster.cli.train.epochs import (change_text, metrics_text,
+from localcluster.cli.train.epochs import (change_text, metric_values,
+                                          metrics_text, prototype_metrics,
                                           nodes_text, short_names)
 from localcluster.cli.rundir.metrics import METRICS_FILE, read_metrics
 
@@ -249,6 +250,28 @@ def test_numbered_metrics_are_summarized_from_three_on():
         == "loss n/a  x_* (3) 1/3/5"
     assert metrics_text({"x_2": 5.0, "x_10": 1.0, "x_1": 3.0}, every=True) \
         == "x_1 3  x_2 5  x_10 1"
+
+
+def test_a_prototypes_metric_is_one_numbered_metric_per_instance():
+    from localcluster import Job, LocalSession, Node, Task, ops
+    with Job() as job:
+        with Node("trainer", num_instances=3), Task() as task:
+            index = ops.Cast([ops.NodeIndex()], to="float64")
+            each = task.add_output(index)
+            pair = task.add_outputs({"a": index, "b": ops.Scale(
+                [index], scale=2.0)})
+        with Node("ps"), Task() as task:
+            loss = task.add_output(ops.Const(0.5))
+    metrics = {"loss": loss, "each": each, "pair": pair}
+    instances = prototype_metrics(job, metrics)
+    assert instances == {"each": 3, "pair": 3}
+    with LocalSession() as session:
+        session.run(job.epoch_group)
+    # a record of blobs: the mean of each instance's
+    assert metric_values(metrics, instances) == {
+        "loss": 0.5, "each_0": 0.0, "each_1": 1.0, "each_2": 2.0,
+        "pair_0": 0.0, "pair_1": 1.5, "pair_2": 3.0}
+    assert metric_values({"loss": loss}) == {"loss": 0.5}
 
 
 def test_many_nodes_are_summarized_and_the_last_named():

@@ -9,7 +9,9 @@ yours.  A job function takes the options it names among ``nodes``,
 are passed, except to the embedded job) and returns a `Job`, or
 ``(job, options)`` with ``options`` a dict of:
 
-- ``metrics``: ``{name: TaskOutput}`` -- scalars shown after every epoch;
+- ``metrics``: ``{name: TaskOutput}`` -- scalars shown after every epoch
+  (one of a node prototype's task, a value per instance, as
+  ``<name>_0`` ... ``<name>_<N-1>``);
 - ``records``: how many records an epoch processes (for records/s);
 - ``max_restarts``, ``on_checkpoint_error``: `JobRunner` options (the
   command line's win).

@@ -16,6 +16,11 @@ and metrics named ``<name>_<n>`` (one per trainer) as ``<name>_* (count)
 min/median/max``; ``--verbose`` adds a line per node and one with every
 metric.  So a line stays under 200 characters at any number of nodes.
 
+A metric of a node prototype's task (``Node("trainer", num_instances=N)``)
+fetches as a list, one value per instance: it is shown and recorded as
+the numbered metrics ``<name>_0`` ... ``<name>_<N-1>`` (`metric_values`),
+as if each instance had its own.
+
 While an epoch runs, a terminal shows a live line: the epoch, its
 seconds so far, and the nodes still busy (`Session.running_nodes`: the
 run driver's state) -- which node an epoch waits on.
@@ -29,7 +34,7 @@ from .progress import IN_PROCESS, mib, scalar
 from ..numbered import families, numbered
 
 __all__ = ["EpochWatch", "LIST_AT_MOST", "short_names", "metrics_text",
-           "nodes_text", "change_text"]
+           "nodes_text", "change_text", "prototype_metrics", "metric_values"]
 
 #: node processes listed one by one on an epoch line; more are summarized
 LIST_AT_MOST = 4
@@ -45,6 +50,50 @@ def _natural(name):
     """Sort key: ``loss`` first, then by name, numbers as numbers."""
     return (name != "loss",
             [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)])
+
+
+def prototype_metrics(job, metrics):
+    """``{name: N}`` of the metrics (``{name: TaskOutput}``) that are
+    outputs of a task of a node prototype of ``job`` with N instances."""
+    counts = job.prototypes()
+    if not counts:
+        return {}
+    of_output = {}
+    for _, group in job.printable_groups():
+        for task in group.tasks():
+            count = counts.get(task.node)
+            if count is not None:
+                of_output.update((id(out), count) for out in task.outputs())
+    return {name: of_output[id(out)] for name, out in metrics.items()
+            if id(out) in of_output}
+
+
+def _instance_values(fetched, output, count):
+    """A prototype's fetched output, one value per instance: a one-blob
+    output fetches as the instances' list, a list or dict of blobs as a
+    list per blob."""
+    shape = output.get()
+    if isinstance(shape, str):
+        return list(fetched)
+    per_blob = list(fetched.values()) if isinstance(fetched, dict) \
+        else list(fetched)
+    return [[values[i] for values in per_blob] for i in range(count)]
+
+
+def metric_values(metrics, instances=None):
+    """``{name: float or None}`` of the metrics ``{name: TaskOutput}``
+    after a run (`scalar`); a metric of a prototype (``instances``:
+    `prototype_metrics`) as ``<name>_<i>``, one per instance."""
+    instances = instances or {}
+    values = {}
+    for name, output in metrics.items():
+        count = instances.get(name)
+        if count is None:
+            values[name] = scalar(output.fetch())
+            continue
+        each = _instance_values(output.fetch(), output, count)
+        values.update((f"{name}_{i}", scalar(v)) for i, v in enumerate(each))
+    return values
 
 
 def metrics_text(values, every=False):
@@ -164,13 +213,16 @@ class EpochWatch:
     far; ``of``: the epoch the run trains to, if known.  ``epoch`` is the
     last epoch shown and recorded.  ``started``: the run's start
     (`time.monotonic`), which ``elapsed`` counts from -- the one the done
-    line counts from too.
+    line counts from too.  ``instances``: ``{metric: N}`` of the metrics of
+    node prototypes (`prototype_metrics`), shown one per instance.
     """
 
     def __init__(self, nodes, metrics, records, usage, progress, summary,
                  resume, of=None, verbose=False, session=None,
-                 metrics_log=None, run_id=None, restarts=None, started=None):
+                 metrics_log=None, run_id=None, restarts=None, started=None,
+                 instances=None):
         self.nodes, self.metrics, self.usage = nodes, metrics, usage
+        self.instances = instances or {}
         self.records = records
         self.progress, self.summary = progress, summary
         self.of, self.verbose, self.session = of, verbose, session
@@ -219,7 +271,7 @@ class EpochWatch:
         was stopped (its session closed) after the epoch's checkpoint was
         complete and before it was shown -- it is shown and recorded all
         the same, without its nodes' usage."""
-        values = {k: scalar(v.fetch()) for k, v in self.metrics.items()}
+        values = metric_values(self.metrics, self.instances)
         per_node = {} if stopped else self.usage.sample()
         whole = report.seconds + (report.checkpoint_seconds or 0.0)
         # a checkpoint of unknown length: no rate rather than a high one

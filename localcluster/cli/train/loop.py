@@ -23,7 +23,7 @@ from ..conditions import session_options
 from .failure import describe, resume_hint
 from ..jobspec import UsageError, job_nodes
 from ..rundir.prune import prune
-from .epochs import EpochWatch, short_names
+from .epochs import EpochWatch, prototype_metrics, short_names
 from .logs import MasterLog, log_options
 from ..rundir.metrics import MetricsLog, json_safe
 from .progress import Progress, Usage
@@ -138,7 +138,8 @@ class Run:
                 self.resume, of=self.values.get("epochs"), verbose=opts.verbose,
                 session=session, metrics_log=self.metrics_log,
                 run_id=self.run_id, restarts=self._restarts,
-                started=self._began)
+                started=self._began,
+                instances=prototype_metrics(self.job, metrics))
             self.runner = JobRunner(
                 self.job, self.manager, resume_from_epoch=self.resume,
                 max_restarts=self.max_restarts,
