@@ -12,6 +12,8 @@ Both only look: they fold groups with `TaskGroup.grouped_view` and
 still change and run afterwards) nor register nodes or take names.
 """
 
+import functools
+
 import numpy as np
 
 from .errors import PlanError
@@ -139,6 +141,11 @@ def _arg(value):
             return f"<{value.dtype} array of shape {list(value.shape)}>"
         return np.array2string(value, threshold=8, separator=", ",
                                max_line_width=1 << 20)
+    if isinstance(value, functools.partial):
+        # the function and what it is given, not a repr with its address
+        given = [_arg(a) for a in value.args] + \
+            [f"{k}={_arg(v)}" for k, v in value.keywords.items()]
+        return f"{_arg(value.func)}({', '.join(given)})"
     if callable(value):
         return f"{getattr(value, '__module__', '?')}." \
                f"{getattr(value, '__qualname__', repr(value))}"

@@ -76,6 +76,19 @@ def test_net_text_names_the_net_and_every_op_with_its_blobs():
     assert_nested(text, "sample_net", "ReduceSum")
 
 
+def _scaled(x, factor=1.0):
+    return x * factor
+
+
+def test_a_python_op_given_a_partial_shows_its_function_and_arguments():
+    import functools
+    net = Net("partial_net")
+    net.Python(functools.partial(_scaled, factor=2.5))(["x"], ["y"])
+    text = printer.to_string(net)
+    assert "{fn=test_printer._scaled(factor=2.5)}" in text, text
+    assert " at 0x" not in text
+
+
 def test_step_text_shows_the_tree_and_its_controls():
     inner = execution_step("inner_step", [sample_net()], num_iter=3)
     outer = execution_step("outer_step", [inner, Net("tail_net")])
