@@ -107,7 +107,8 @@ def test_trace_file_covers_every_node(tmp_path):
 def test_print_plan_prints_the_jobs_groups():
     done = run("--print-plan", "--nodes", "3")
     assert done.returncode == 0, done.stderr
-    for text in ("Job", "init:", "epoch:", "node reader:", "node trainer_2:",
+    for text in ("Job", "init:", "epoch:", "node reader:",
+                 "node trainer (prototype: 3 instances trainer_0..trainer_2):",
                  "node ps:"):
         assert text in done.stdout
     assert max(len(line) for line in done.stdout.splitlines()) < 300
