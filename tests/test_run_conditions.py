@@ -74,8 +74,9 @@ def test_a_thin_link_leaves_the_result_as_it_was(tmp_path):
     plain = json_run("--epochs", "2", "--threads", "1", "--checkpoint-dir",
                      str(tmp_path / "a"))
     linked = json_run("--epochs", "2", "--threads", "1", "--link",
-                      "reader->trainer_*:latency=1ms,bandwidth=200MB/s",
+                      "reader->ps:latency=1ms,bandwidth=200MB/s",
                       "--link", "trainer_*->ps:latency=0.5ms",
+                      "--link", "ps->trainer_*:latency=0.5ms",
                       "--checkpoint-dir", str(tmp_path / "b"))
     assert losses(plain) == losses(linked)
 
@@ -97,13 +98,13 @@ def test_a_simulated_trace_is_on_the_virtual_clock(tmp_path):
 
 def test_a_partition_in_the_fault_plan_holds_then_releases(tmp_path):
     summary = json_run("--epochs", "2", "--threads", "1", "--faults",
-                       "partition reader from trainer_* at epoch 2 heal at "
+                       "partition trainer_* from ps at epoch 2 heal at "
                        "0.05s", "--checkpoint-dir", str(tmp_path / "a"))
     plain = json_run("--epochs", "2", "--threads", "1", "--checkpoint-dir",
                      str(tmp_path / "b"))
     assert losses(summary) == losses(plain)
     assert [f["fault"] for f in summary["faults_fired"]] == [
-        "partition reader from 'trainer_*' at epoch 2 heal at 0.05s"]
+        "partition 'trainer_*' from ps at epoch 2 heal at 0.05s"]
     # epoch 2 waited for the partition to heal
     assert summary["epochs"][1]["seconds"] >= 0.05
 

@@ -876,7 +876,8 @@ def test_print_plan_json_is_json_and_makes_nothing(tmp_path):
     assert plan["nodes"] == ["reader", "trainer_0", "trainer_1",
                              "trainer_2", "ps"]
     assert plan["options"]["nodes"] == 3
-    assert any("node trainer_2:" in line for line in plan["plan"])
+    assert any("node trainer (prototype: 3 instances trainer_0..trainer_2)"
+               in line for line in plan["plan"])
     assert not ckpt.exists()
     done = run("--print-plan", "--checkpoint-dir", str(ckpt))
     assert done.returncode == 0 and not ckpt.exists()
@@ -897,8 +898,8 @@ def test_resume_without_the_run_file_refuses_another_number_of_nodes(
         tmp_path):
     """The checkpoints themselves say which nodes wrote them: with the run
     file gone, --resume --nodes 1 on a 2-trainer run's checkpoints is one
-    error line naming the missing trainer, not a mixed job trained to
-    exit 0."""
+    error line saying the trainers' prototype had 2 instances, not a mixed
+    job trained to exit 0."""
     ckpt = str(tmp_path / "c")
     first = subprocess.run(command("--nodes", "2", "--epochs", "2",
                                    "--threads", "1", "--checkpoint-dir", ckpt),
@@ -910,7 +911,9 @@ def test_resume_without_the_run_file_refuses_another_number_of_nodes(
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 1, (again.stdout, again.stderr)
     error = [l for l in again.stderr.splitlines() if l.startswith("error:")]
-    assert len(error) == 1 and "trainer_1" in error[0], again.stderr
+    assert len(error) == 1 and "Node('trainer')" in error[0] and \
+        "2 instance(s)" in error[0] and "num_instances=1" in error[0], \
+        again.stderr
     assert "epoch 3/3" not in again.stdout
 
 
