@@ -40,6 +40,27 @@ def test_32_nodes_print_epoch_lines_under_200_characters(tmp_path):
     assert "train_loss_* (32)" in lines[0]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("session", ["localhost", "local"])
+def test_200_trainers_of_one_prototype_train_under_both_sessions(session,
+                                                                tmp_path):
+    done = run("--nodes", "200", "--epochs", "2", "--session", session,
+               "--checkpoint-dir", str(tmp_path / "c"), timeout=110)
+    assert done.returncode == 0, done.stderr
+    header = done.stdout.splitlines()[0]
+    assert header.startswith("localcluster: 202 nodes (reader, "
+                             "trainer_0..trainer_199, ps)"), header
+    lines = epoch_lines(done.stdout)
+    assert [line.split()[1] for line in lines] == ["1/2", "2/2"]
+    assert all(len(line) < 200 and "train_loss_* (200) " in line
+               for line in lines), lines
+    losses = [float(line.split(" loss ")[1].split()[0]) for line in lines]
+    assert losses[1] < losses[0], losses
+    # every instance checkpointed its own file
+    assert {f"trainer_{i}.2" for i in range(200)} <= set(
+        os.listdir(tmp_path / "c"))
+
+
 def test_epoch_lines_say_k_of_n_checkpoint_seconds_elapsed_and_eta(tmp_path):
     done = run("--epochs", "3", "--checkpoint-dir", str(tmp_path / "c"))
     assert done.returncode == 0, done.stderr
@@ -311,11 +332,13 @@ def test_the_temporary_directory_keeps_what_a_resume_needs_until_cleanup(
     assert done.returncode == 0, done.stderr
     [directory] = [tmp_path / n for n in os.listdir(tmp_path)
                    if n.startswith("localcluster-ckpt-")]
-    # the last epoch, and epoch 0, which holds the reader's dataset that
-    # epoch 4 refers to (unchanged since): one copy of it on disk
+    # the last epoch, and epoch 0, which holds the data (the trainers'
+    # shards, the reader's held-out set) that epoch 4 refers to (unchanged
+    # since): one copy of it on disk
     assert checkpointed_epochs(directory) == [0, 4]
-    dataset = os.path.getsize(directory / "reader.0")
-    assert checkpoint_bytes(directory) < dataset * 1.1
+    data = sum(os.path.getsize(directory / n) for n in os.listdir(directory)
+               if n.endswith(".0"))
+    assert checkpoint_bytes(directory) < data * 1.1
     assert f"checkpoints: {directory} (keeps the last complete epoch;" \
         in done.stdout
     assert (directory / METRICS_FILE).exists()
