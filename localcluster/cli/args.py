@@ -133,7 +133,7 @@ def parser():
                         "(--slowdown with their names)")
     p.add_argument("--link", type=_condition(parse_link), action="append",
                    default=[], metavar="SRC->DST:KEY=VALUE,...",
-                   help="the network between nodes, e.g. 'reader->trainer_*:"
+                   help="the network between nodes, e.g. 'trainer_*->ps:"
                         "latency=5ms,bandwidth=100MB/s' (keys latency, "
                         "bandwidth, jitter, seed; repeatable)")
     p.add_argument("--simulate", action="store_true",
