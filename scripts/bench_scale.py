@@ -21,8 +21,8 @@ Run as a script it measures node prototypes instead and prints a table::
     python scripts/bench_scale.py [--quick] [--sizes 16,256,1000,4000]
 
 at each size N (each in a fresh process, so memory and descriptors are
-that size's alone): building a job of a trainer prototype of N instances
-writing to one queue a ps node reads; start-up (the first run of a no-op
+that size's alone): building the embedded job with N trainers (one
+prototype of N instances, a reader and a ps); start-up (the first run of a no-op
 group on the N instances); a no-op run on them; the master's RSS and
 descriptors; the memory of an idle instance (USS, median of a sample) and
 what the machine gave (available memory before and after); then a fresh
@@ -195,30 +195,6 @@ QUICK_SIZES = (16, 64)
 PROTO_BUILD_RATIO = 3.0
 
 
-def proto_job(count, epochs=2):
-    """A JobRunner job: a trainer prototype of ``count`` instances, each
-    adding to its own weight and writing it to one queue, which a ps node
-    reads and sums."""
-    from localcluster import Job, Queue, epoch_limiter
-    queue = Queue(4, name="to_ps")
-    with Job() as job:
-        with Node("trainer", num_instances=count):
-            with job.init_group, Task(name="w"):
-                ops.Cast([ops.NodeIndex()], ["w"], to="float64")
-            with Task(name="step"):
-                ops.Add(["w", ops.Const(1.0)], ["w"])
-                queue.writer().write_record(ops.net(), {"w": "w"})
-        with Node("ps"):
-            with job.init_group, Task(name="tot"):
-                ops.ConstantFill([], ["tot"], value=0.0)
-            with Task(name="gather"):
-                with ops.loop(count):
-                    _, record = queue.reader().read_record(ops.net())
-                    ops.Add(["tot", record["w"]], ["tot"])
-            epoch_limiter(job, epochs)
-    return job
-
-
 def _proto_build(count):
     """Seconds to build and group 1 reader + a prototype of ``count``."""
     start = time.perf_counter()
@@ -237,7 +213,8 @@ def measure_one(count):
     me = psutil.Process()
     out = {"n": count}
     start = time.perf_counter()
-    job = proto_job(count)
+    from localcluster.examples.regression import build
+    job, _ = build(nodes=count, epochs=2, threads=1)
     out["build_s"] = time.perf_counter() - start
     with Cluster(), TaskGroup() as noop:
         with Node("trainer", num_instances=count), Task():

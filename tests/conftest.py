@@ -17,7 +17,7 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, settings
 
-from localcluster import LocalHostScheduler, LocalSession
+from localcluster import Cluster, LocalHostScheduler, LocalSession, context
 from localcluster.testing.pytest_plugin import (Snapshot, leaks_since,
                                                 live_children, on_ray,
                                                 runs_ray,
@@ -188,6 +188,25 @@ def local():
     """A factory of `LocalSession`: ``local()``; every session it made is
     closed at teardown."""
     yield from _closing_factory(LocalSession)
+
+
+@pytest.fixture(autouse=True)
+def own_cluster():
+    """Every test builds its nodes in a Cluster of its own: the default
+    Cluster is the process's, and remembers every node declared in it --
+    one test's ``Node("trainer", num_instances=3)`` or ``resources=``
+    would make the next test's ``Node("trainer")`` a prototype that asks
+    for them too (as one job's declarations do for the rest of that job).
+    (Not ``with Cluster():``, which would make the whole test one build
+    scope, so that a job built twice would not get the same names.)"""
+    defaults = context._local.defaults
+    kept = defaults.pop(Cluster, None)
+    try:
+        yield
+    finally:
+        defaults.pop(Cluster, None)
+        if kept is not None:
+            defaults[Cluster] = kept
 
 
 @pytest.fixture(autouse=True)
