@@ -21,11 +21,12 @@ subclass) makes it ``NetBuilder.current()`` as well, because an instance is
 pushed on the stack of every managed class in its MRO.
 """
 
+import contextlib
 import hashlib
 import threading
 import weakref
 
-__all__ = ["Managed", "DefaultManaged", "build_scope"]
+__all__ = ["Managed", "DefaultManaged", "build_scope", "fresh_names"]
 
 
 class _NameRegistry:
@@ -68,6 +69,20 @@ class _NameRegistry:
 
 
 _REGISTRY = _NameRegistry()
+
+
+@contextlib.contextmanager
+def fresh_names():
+    """Generated names made inside are those a fresh process would make:
+    the jobs alive in this one do not suffix them.  For a build whose job
+    runs in sessions of its own and is compared with builds made in fresh
+    processes (the testing kit's in-process runs)."""
+    global _REGISTRY
+    saved, _REGISTRY = _REGISTRY, _NameRegistry()
+    try:
+        yield
+    finally:
+        _REGISTRY = saved
 
 
 def _stable(value):

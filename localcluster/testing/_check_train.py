@@ -7,6 +7,7 @@ Used where a run is made: by `._check_runs` in this process and by
 """
 
 from ..checkpoint.manager import MultiNodeCheckpointManager
+from ..context import fresh_names
 from ..job import Job, JobRunner, epoch_limiter
 from ..task import Node
 
@@ -14,7 +15,15 @@ __all__ = ["make_job", "final_blobs", "train", "run_once"]
 
 
 def make_job(build, max_epochs):
-    """``(job, options)`` from ``build()``, capped at ``max_epochs``."""
+    """``(job, options)`` from ``build()``, capped at ``max_epochs``; its
+    generated names are those of a build in a fresh process, wherever it
+    is built (so a run in this process and one in a fresh process name
+    alike what they make)."""
+    with fresh_names():
+        return _make_job(build, max_epochs)
+
+
+def _make_job(build, max_epochs):
     made = build()
     job, options = made if isinstance(made, tuple) else (made, {})
     if not isinstance(job, Job) or not isinstance(options, dict):
