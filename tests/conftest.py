@@ -122,8 +122,9 @@ def kill_and_wait(master, procs, bound=10):
 def zygote(proc):
     """A LocalHostScheduler's zygote: the parent of a batch of nodes."""
     try:
-        return proc.cmdline()[:1] and \
-            proc.cmdline()[0].startswith("localcluster zygote")
+        # joined: a title longer than the process's first arguments is
+        # read back split at its spaces
+        return " ".join(proc.cmdline()).startswith("localcluster zygote")
     except psutil.Error:
         return False
 
