@@ -275,17 +275,9 @@ class _Zygote:
     # -- the master's side -----------------------------------------------------
 
     def _read_master(self):
-        while True:
-            try:
-                data = os.read(self.control, 1 << 16)
-            except BlockingIOError:
-                break
-            except OSError:
-                data = b""
-            if not data:
-                self.master_gone = True
-                return
-            self.control_in += data
+        if _read_into(self.control, self.control_in):
+            self.master_gone = True
+            return
         for msg in _frames(self.control_in):
             self._command(pickle.loads(msg))
 
@@ -355,17 +347,8 @@ class _Zygote:
             self.epoll.modify(child.fd, mask)
 
     def _read_child(self, child):
-        while True:
-            try:
-                data = os.read(child.fd, 1 << 16)
-            except BlockingIOError:
-                break
-            except OSError:
-                data = b""
-            if not data:
-                self._close_child(child)
-                break
-            child.inbuf += data
+        if _read_into(child.fd, child.inbuf):
+            self._close_child(child)
         for msg in _frames(child.inbuf):
             self.events.append((MESSAGE, child.id, msg))
 
@@ -489,6 +472,21 @@ def _frame(data):
     if len(data) > 0x7fffffff:
         return _SIZE.pack(-1) + _BIG_SIZE.pack(len(data)) + data
     return _SIZE.pack(len(data)) + data
+
+
+def _read_into(fd, buffer):
+    """Append what non-blocking ``fd`` holds now to ``buffer`` (a
+    bytearray); True once it reached end of file (or failed)."""
+    while True:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+        if not data:
+            return True
+        buffer += data
 
 
 def _frames(buffer):
