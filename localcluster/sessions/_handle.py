@@ -436,6 +436,8 @@ def _start(process):
 def make_batch(ctx, specs, plans=None):
     """The `Batch` of a zygote that starts ``specs``."""
     method = ctx.get_start_method()
+    if method == "fork":
+        Z.preload()   # once in the master: every zygote inherits them
     return Z.Batch(os.getpid(),
                    pdeathsig=method != "forkserver" and
                    threading.current_thread() is threading.main_thread(),

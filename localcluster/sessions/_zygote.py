@@ -53,6 +53,7 @@ reported; the master then reaps it.
 import collections
 import fcntl
 import gc
+import importlib
 import os
 import pickle
 import resource
@@ -71,7 +72,23 @@ from ._plumbing import (MASTER_GONE_SIGNAL, FrameWriter, close_master_ends,
                         set_parent_death_signal)
 from ._title import set_zygote_title
 
-__all__ = ["Batch", "zygote_main", "SEND", "SIGNAL", "KILL", "BYE"]
+__all__ = ["Batch", "zygote_main", "preload", "SEND", "SIGNAL", "KILL",
+           "BYE"]
+
+#: modules a node's code commonly imports at its first use of them (numpy
+#: loads these submodules lazily, at ``np.random``...): imported once,
+#: before the nodes are forked, not once in each of a thousand nodes
+PRELOAD = ("numpy.random", "numpy.linalg", "numpy.fft")
+
+
+def preload():
+    """Import `PRELOAD` here (a no-op once imported), so that the nodes
+    forked from this process find them in ``sys.modules``."""
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a node imports it, or says why
+            pass
 
 #: commands of the master
 SEND, SIGNAL, KILL, BYE = "send", "signal", "kill", "bye"
@@ -141,6 +158,7 @@ class _Zygote:
             set_parent_death_signal(MASTER_GONE_SIGNAL)
             if os.getppid() != batch.master_pid:
                 os._exit(1)   # the master died before the signal was armed
+        preload()   # started fresh (not forked): what nodes would import
         if batch.forked:
             gc.freeze()   # the master's heap: never collected (copied) here
             close_master_ends()
