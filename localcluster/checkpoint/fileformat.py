@@ -56,7 +56,8 @@ from ..errors import CheckpointError
 from .atomic import atomic_write
 from .members import (FORMAT, MANIFEST, chunk_buffer, fill, locate,
                       manifest_of, open_regular, verify)
-from .partials import PARTIAL, remove_partials, remove_partials_under
+from .partials import (PARTIAL, remove_partials, remove_partials_under,
+                       sweep_before_write)
 from .reuse import Referenced, Unchanged
 
 __all__ = ["BLOB_NAMES", "FORMAT", "MANIFEST", "checkpointable",
@@ -92,7 +93,7 @@ def write_checkpoint(path, blobs, meta=None, reuse=None, create=True):
         raise FileNotFoundError(
             errno.ENOENT, "the checkpoint directory is gone (moved or "
             "removed after an earlier save)", directory)
-    remove_partials(path, dead_only=True)
+    sweep_before_write(path)
     meta = dict(meta or {})
     file_id = os.urandom(8).hex()
 

@@ -15,9 +15,13 @@ import os
 import time
 
 __all__ = ["PARTIAL", "remove_partials", "remove_partials_under",
-           "partials_under"]
+           "partials_under", "sweep_before_write"]
 
 PARTIAL = ".partial-"
+
+#: ``(pid, directory, node)`` whose dead writers' partial files this
+#: process removed before a write (`sweep_before_write`)
+_swept = set()
 
 
 def remove_partials(path, dead_only=False):
@@ -28,12 +32,19 @@ def remove_partials(path, dead_only=False):
         found = os.listdir(directory or ".")
     except OSError:
         return []
+    return _remove(directory, found, (base + PARTIAL,), dead_only)
+
+
+def _remove(directory, found, starts, dead_only):
+    """Remove the partial files among the names ``found`` in ``directory``
+    that start with one of ``starts``; their names."""
     removed = []
     for name in found:
-        if not name.startswith(base + PARTIAL):
+        start = next((s for s in starts if name.startswith(s)), None)
+        if start is None:
             continue
         partial = os.path.join(directory, name)
-        if dead_only and _writer_alive(name[len(base + PARTIAL):], partial):
+        if dead_only and _writer_alive(name[len(start):], partial):
             continue
         try:
             os.unlink(partial)
@@ -41,6 +52,38 @@ def remove_partials(path, dead_only=False):
             pass  # another cleaner was first
         removed.append(name)
     return removed
+
+
+def sweep_before_write(path):
+    """Before ``path`` (``<node>.<epoch>``) is written: remove the partial
+    files its node's dead writers left, of every epoch -- once per node
+    and directory in a process, not at every write.  A writer killed
+    mid-write leaves its partial file to the node's next incarnation,
+    which is a new process (a restart) and sweeps at its first save; an
+    epoch's writers do not each list a directory that holds every other
+    node's files (which made a save of N nodes cost N directory
+    listings of N files).  A path not named like a checkpoint is swept
+    at every write, as before."""
+    directory, base = os.path.split(path)
+    node, dot, epoch = base.rpartition(".")
+    if not (dot and node and epoch.isdigit()):
+        return remove_partials(path, dead_only=True)
+    key = (os.getpid(), directory, node)
+    if key in _swept:
+        return []
+    try:
+        found = os.listdir(directory or ".")
+    except OSError:
+        return []
+    _swept.add(key)
+    heads = set()
+    for name in found:
+        head, partial, _ = name.partition(PARTIAL)
+        owner, dot, number = head.rpartition(".")
+        if partial and owner == node and number.isdigit():
+            heads.add(head)
+    return _remove(directory, sorted(found),
+                   tuple(head + PARTIAL for head in heads), True)
 
 
 def remove_partials_under(directory, dead_only=False):
