@@ -144,12 +144,47 @@ class _Manager:
 
     def _group(self, net_of):
         """A GLOBAL TaskGroup with one task per checkpointed node running
-        ``net_of(node)``."""
+        ``net_of(node)`` -- and one task, on the prototype, for all the
+        instances of a prototype of the current Cluster running
+        ``net_of(None)``: a net naming no node, which finds its file from
+        the node running it, so a thousand instances share one plan (sent
+        once) instead of a thousand."""
         group = TaskGroup(workspace_type=WorkspaceType.GLOBAL)
-        for node in self._checkpointed():
-            with Node(node):
-                Task(step=net_of(node), group=group, name="checkpoint")
+        for entry in self._by_prototype():
+            if isinstance(entry, str):
+                with Node(entry):
+                    Task(step=net_of(entry), group=group, name="checkpoint")
+            else:
+                with Node(entry[0]):
+                    Task(step=net_of(None), group=group, name="checkpoint")
         return group
+
+    def _by_prototype(self):
+        """The checkpointed nodes, each a name, or ``(prototype, N)`` for
+        all ``N`` instances of a prototype of the current Cluster when the
+        files are named the default way (`get_ckpt_db_name` not
+        overridden: a node's file is found from its name alone)."""
+        nodes = self._checkpointed()
+        if type(self).get_ckpt_db_name is not _Manager.get_ckpt_db_name:
+            return nodes
+        cluster = Cluster.current()
+        out = []
+        for entry in compact_nodes(nodes):
+            if isinstance(entry, str) or cluster.kwargs_of(entry[0]).get(
+                    "num_instances") != entry[1]:
+                out.extend([entry] if isinstance(entry, str) else
+                           [f"{entry[0]}_{i}" for i in range(entry[1])])
+            else:
+                out.append(tuple(entry))
+        return out
+
+    def _where(self, node, epoch):
+        """The op arguments naming ``node``'s checkpoint of ``epoch``: its
+        path, or for ``node`` None (a prototype's net) the directory, the
+        node running the op naming its own file."""
+        if node is None:
+            return {"directory": self._db_prefix}
+        return {"path": self.get_ckpt_db_name(node, epoch)}
 
     # -- runnables --------------------------------------------------------------
 
@@ -171,7 +206,7 @@ class _Manager:
             else:
                 n.CheckpointBlobNames(
                     [], [BLOB_NAMES], epoch=int(retrieve_from_epoch),
-                    path=self.get_ckpt_db_name(node, retrieve_from_epoch))
+                    **self._where(node, retrieve_from_epoch))
             return n
         return self._group(net)
 
@@ -188,8 +223,7 @@ class _Manager:
 
         def net(node):
             n = Net("checkpoint_save")
-            n.SaveCheckpoint([BLOB_NAMES], [],
-                             path=self.get_ckpt_db_name(node, epoch),
+            n.SaveCheckpoint([BLOB_NAMES], [], **self._where(node, epoch),
                              epoch=int(epoch), final=bool(final),
                              job_nodes=job_nodes, create_dir=create)
             return n
@@ -215,7 +249,7 @@ class _Manager:
     def _load_group(self, epoch, names):
         def net(node):
             n = Net("checkpoint_load")
-            n.LoadCheckpoint([], [], path=self.get_ckpt_db_name(node, epoch),
+            n.LoadCheckpoint([], [], **self._where(node, epoch),
                              names=names, epoch=int(epoch))
             return n
         return self._group(net)

@@ -15,7 +15,7 @@ import numpy as np
 
 from .fileformat import (BLOB_NAMES, checkpointable, read_checkpoint,
                          read_manifest, write_checkpoint)
-from .names import parse_name
+from .names import checkpoint_path, parse_name
 from .reuse import SavedBlobs
 from ..errors import CheckpointError
 from ..kernels.registry import register_op
@@ -38,6 +38,15 @@ def _saved(ctx):
     return ctx.resources.setdefault(_SAVED, SavedBlobs())
 
 
+def _path(ctx, path, directory, epoch):
+    """The file an op works on: ``path``, or -- given ``directory``
+    instead (a net a prototype's instances share) -- the running node's
+    own checkpoint of ``epoch`` there."""
+    if path or not directory:
+        return path
+    return checkpoint_path(directory, ctx.node, epoch)
+
+
 def _expected(ctx, path, epoch):
     """``(node, epoch)`` a checkpoint loaded from ``path`` must be of: the
     node loading it, and ``epoch`` -- or, if none was given (< 0), the
@@ -49,10 +58,12 @@ def _expected(ctx, path, epoch):
 
 
 @register_op("CheckpointBlobNames", context=True)
-def checkpoint_blob_names(ctx, path="", epoch=-1):
+def checkpoint_blob_names(ctx, path="", epoch=-1, directory=""):
     """The names of what this node checkpoints: its global workspace's
-    array blobs now, or -- given ``path`` -- the blobs of that checkpoint
-    (of this node and ``epoch``)."""
+    array blobs now, or -- given ``path`` (or ``directory``: this node's
+    file there) -- the blobs of that checkpoint (of this node and
+    ``epoch``)."""
+    path = _path(ctx, path, directory, epoch)
     if path:
         node, epoch = _expected(ctx, path, epoch)
         names = [e["name"] for e in
@@ -67,13 +78,15 @@ def checkpoint_blob_names(ctx, path="", epoch=-1):
 
 @register_op("SaveCheckpoint", num_outputs=0, context=True)
 def save_checkpoint(ctx, names, path="", epoch=0, final=False,
-                    job_nodes=(), create_dir=True):
+                    job_nodes=(), create_dir=True, directory=""):
     """Write the blobs listed in ``names`` to ``path`` (see the module);
     ``final`` marks the epoch training stopped after, ``job_nodes`` are
     every node checkpointing it (so a reader knows who else must have);
     ``create_dir`` False: the directory was made by an earlier save, and
     one that is gone now (moved or removed under the run) is an error,
-    not made again at the old path."""
+    not made again at the old path; ``directory`` instead of ``path``:
+    this node's file of ``epoch`` there."""
+    path = _path(ctx, path, directory, epoch)
     ws = _workspace(ctx)
     blobs = {}
     for name in names.tolist():
@@ -96,11 +109,13 @@ def save_checkpoint(ctx, names, path="", epoch=0, final=False,
 
 
 @register_op("LoadCheckpoint", num_outputs=0, context=True)
-def load_checkpoint(ctx, path="", names=None, epoch=-1):
+def load_checkpoint(ctx, path="", names=None, epoch=-1, directory=""):
     """Put the blobs of the checkpoint at ``path`` (only ``names``, if
     given) into this node's global workspace, after verifying all of them
     and that it is this node's checkpoint of ``epoch``; a full load also
-    resets the node's list of checkpointed blobs."""
+    resets the node's list of checkpointed blobs.  ``directory`` instead
+    of ``path``: this node's file of ``epoch`` there."""
+    path = _path(ctx, path, directory, epoch)
     ws = _workspace(ctx)
     node, epoch = _expected(ctx, path, epoch)
     with ws.lock:
