@@ -141,3 +141,34 @@ def test_a_manager_naming_its_own_files_keeps_a_plan_per_instance(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("ckpt-1-*")) == [
         "ckpt-1-ps", "ckpt-1-trainer_0", "ckpt-1-trainer_1",
         "ckpt-1-trainer_2"]
+
+
+def test_nodes_asked_to_stop_get_time_in_proportion_to_their_number(
+        monkeypatch, caplog):
+    # thousands of nodes runnable at once starve their zygote of CPU: at
+    # 4000 nodes it relayed nothing for 3 s, and all 4000 were sent
+    # SIGTERM and SIGKILL as if hung.  Here a zygote stopped for 2.5 s
+    # stands for the starved one (a shutdown gave it 2 s of silence); 50
+    # nodes costing 1 s each to stop are given more than that.
+    import signal
+    import threading
+    from localcluster.sessions import localhost
+    monkeypatch.setattr(localhost, "STOP_COST", 1.0, raising=False)
+    with Cluster():
+        with TaskGroup() as tg, Node("n", num_instances=50), Task():
+            ops.Const(0)
+        session = LocalHostScheduler()
+        try:
+            session.run(tg)
+            zygote = session._poller.links()[0].pid
+        except BaseException:
+            session.close()
+            raise
+        os.kill(zygote, signal.SIGSTOP)
+        resume = threading.Timer(2.5, os.kill, (zygote, signal.SIGCONT))
+        resume.start()
+        try:
+            session.close()
+        finally:
+            resume.join()
+    assert not [r for r in caplog.records if "did not stop" in r.message]

@@ -84,6 +84,8 @@ log = logging.getLogger(__name__)
 CANCEL_GRACE = 1.0
 #: seconds a fetch/feed/blobs request may take
 REQUEST_TIMEOUT = 30.0
+#: seconds of one CPU a node may take to stop (its goodbye, its exit)
+STOP_COST = 0.003
 
 _live = weakref.WeakSet()
 
@@ -453,10 +455,13 @@ class LocalHostScheduler(Session):
         failed = set(failed)
         asked = [h for h in live if h not in failed]
         # (a node's goodbye or death moves the deadline: a thousand nodes
-        # stopping on two cores take more than a step, and are no crash)
-        read_goodbyes(asked, time.monotonic() + SHUTDOWN_STEP,
-                      extend=SHUTDOWN_STEP)
-        join_all(live, SHUTDOWN_STEP, extend=True)
+        # stopping on two cores take more than a step, and are no crash;
+        # the first answer may take longer still: thousands of nodes all
+        # runnable at once leave their zygote, one task among them, a CPU
+        # share too small to relay anything for seconds)
+        first = _stopping_time(len(asked))
+        read_goodbyes(asked, time.monotonic() + first, extend=SHUTDOWN_STEP)
+        join_all(live, first, extend=True)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             alive = [h for h in live if not h.gone]
             if not alive:
@@ -478,6 +483,17 @@ class LocalHostScheduler(Session):
                 self.close()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
+
+
+def _stopping_time(nodes):
+    """Seconds ``nodes`` asked to stop together get before the first of
+    them is heard from: a shutdown step, or `STOP_COST` each over the
+    CPUs this process may use if that is longer."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(SHUTDOWN_STEP, nodes * STOP_COST / max(1, cpus))
 
 
 @atexit.register
