@@ -201,3 +201,41 @@ def test_every_flipped_byte_of_a_referring_file_is_caught_or_harmless(
         assert np.array_equal(got["table"], table) and got["step"] == 3, \
             f"byte {position} changed what was read"
     assert caught > len(good) // 2
+
+
+def test_quick_verdicts_kept_between_prunes_are_read_again_when_files_change(
+        trained, monkeypatch):
+    from localcluster.checkpoint import state
+    from localcluster.checkpoint.state import Verdicts
+    _, directory = trained
+    read = []
+    real = state.read_manifest
+    monkeypatch.setattr(state, "read_manifest",
+                        lambda path, *a, **k: read.append(path) or
+                        real(path, *a, **k))
+    verdicts = Verdicts()
+
+    def quick():
+        return scan(directory, quick=True, nodes=["a"], about_run=False,
+                    verdicts=verdicts)
+
+    assert quick().complete_epochs() == list(range(EPOCHS + 1))
+    assert read
+    # a run's prune after each epoch: the files it judged are not read
+    # again (at 1000 nodes, 2000-3000 manifests an epoch)
+    read.clear()
+    assert quick().complete_epochs() == list(range(EPOCHS + 1))
+    assert read == []
+    # a file a kept verdict refers to, written again: every file that
+    # refers to it is judged again, and is no longer whole
+    held = os.path.join(directory, "a.0")
+    _, blobs = read_checkpoint(held)
+    write_checkpoint(held, blobs, read_manifest(held))
+    found = quick()
+    assert found.complete_epochs() == [0]
+    assert "another checkpoint now" in found.epochs[3].problems["a"]
+    # a file cut short is judged again too
+    later = os.path.join(directory, f"a.{EPOCHS}")
+    with open(later, "r+b") as f:
+        f.truncate(os.path.getsize(later) // 2)
+    assert quick().epochs[EPOCHS].problems["a"]

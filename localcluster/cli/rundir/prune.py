@@ -93,7 +93,7 @@ def remove(directory, names):
     return removed, freed, errors
 
 
-def prune(directory, keep, nodes=None):
+def prune(directory, keep, nodes=None, verdicts=None):
     """Keep the ``keep`` newest complete epochs under ``directory`` and
     remove the rest of the run's checkpoints (see `prune_plan`); the names
     removed.  For a run's ``--keep-last``, after each epoch's checkpoint:
@@ -109,8 +109,11 @@ def prune(directory, keep, nodes=None):
     restart or a ``--resume`` takes -- is never removed (``keep`` >= 1),
     nor an epoch a live writer is still writing, nor one a kept epoch
     refers to.  A file that cannot be
-    removed stays (a warning), and is tried again the next time."""
-    found = scan(directory, quick=True, nodes=nodes, about_run=False)
+    removed stays (a warning), and is tried again the next time.
+    ``verdicts``: a `Verdicts` the run keeps, so that each prune reads
+    the manifests of the files written since the last one only."""
+    found = scan(directory, quick=True, nodes=nodes, about_run=False,
+                 verdicts=verdicts)
     plan = prune_plan(found, keep)
     removed, _, errors = remove(directory, [name for name, _ in plan.remove])
     for error in errors:

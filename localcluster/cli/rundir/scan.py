@@ -190,12 +190,14 @@ class RunDir:
                 "foreign_files": sorted(self.foreign)}
 
 
-def scan(directory, quick=False, nodes=None, about_run=True):
+def scan(directory, quick=False, nodes=None, about_run=True,
+         verdicts=None):
     """The `RunDir` of ``directory``.  ``nodes``: the job's checkpointed
     nodes, if known (else what the checkpoints there say, as ``--resume``
     reads them); ``quick``: read manifests only (see the module);
     ``about_run``: also read the job, the lock and how the last run
-    ended (else only the checkpoints)."""
+    ended (else only the checkpoints); ``verdicts``: a `Verdicts` that
+    keeps quick verdicts from one scan to the next."""
     found = RunDir(directory, quick)
     if about_run:
         saved = saved_options(directory)
@@ -207,8 +209,10 @@ def scan(directory, quick=False, nodes=None, about_run=True):
     named = _named(found)
     foreign = {}  # (node, epoch) -> why a file named so is not ours
     for (node, number), name in sorted(named.items()):
-        verdict = classify(os.path.join(directory, name), node, number,
-                           quick)
+        path = os.path.join(directory, name)
+        verdict = verdicts.classify(path, node, number) if \
+            verdicts is not None and quick else \
+            classify(path, node, number, quick)
         problem = _problem(verdict)
         if verdict.kind == FOREIGN:
             found.foreign.append(name)

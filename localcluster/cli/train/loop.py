@@ -30,6 +30,7 @@ from .progress import Progress, Usage
 from ..signals import exit_status
 from .trace import chrome_trace
 from ...checkpoint.fileformat import PARTIAL, remove_partials_under
+from ...checkpoint.state import Verdicts
 
 __all__ = ["Run", "TEMP_KEEP_LAST"]
 
@@ -72,6 +73,9 @@ class Run:
         #: default temporary directory keeps the last `TEMP_KEEP_LAST`
         self.keep_last = opts.keep_last if opts.keep_last is not None \
             else (TEMP_KEEP_LAST if opts.checkpoint_dir is None else None)
+        #: the quick verdicts of the directory's files, kept from one
+        #: prune to the next (each reads the new epoch's manifests only)
+        self._verdicts = Verdicts()
         self.max_restarts = opts.max_restarts \
             if opts.max_restarts is not None \
             else options.get("max_restarts", 0)
@@ -169,7 +173,8 @@ class Run:
             return
         try:
             removed = prune(self.directory, self.keep_last,
-                            nodes=self.job.nodes_to_checkpoint())
+                            nodes=self.job.nodes_to_checkpoint(),
+                            verdicts=self._verdicts)
         except (OSError, LocalClusterError) as exc:
             log.warning("--keep-last: %s could not be pruned (%s); the run "
                         "goes on", self.directory, exc)
