@@ -4,7 +4,7 @@
 
     master ~ zygote --(requests)---------------------> [main thread]
        <--(replies, outputs as shm descriptors)------  runs one at a time
-    cancel: rid -> control word (shm), then SIGUSR1 --> [canceller thread]
+    cancel: rid -> control word (shm), then SIGUSR1 --> [watcher thread]
                                           runtime.cancel(rid)
     zygote hangs up (POLLRDHUP) ----------------------> [watcher thread]
     stdout/stderr fds --> [forwarder thread] --(frames)--> master
@@ -26,9 +26,12 @@ title, ``localcluster: <node> (<master pid>)`` (`_title`), set first.
 The main thread reads requests itself; no thread hand-off sits on the path
 of a request.  A cancellation cannot come through the pipe while the main
 thread is busy, so the master writes the run id to cancel into a shared
-control word and sends SIGUSR1; the handler only wakes the canceller
-thread (a reentrant queue put), which calls ``runtime.cancel(rid)`` -- a
-cancel that arrives before its run starts cancels it as it starts.
+control word and sends SIGUSR1; the handler only wakes the watcher
+thread (a byte on a pipe), which calls ``runtime.cancel(rid)`` -- a
+cancel that arrives before its run starts cancels it as it starts.  The
+watcher waits on that pipe and on the master's hang-up in one poll: two
+threads a node, not three (a thread is a good part of what starting a
+thousand nodes costs).
 
 The process leads its own process group, which the processes it starts
 share; whatever notices that the master is gone ends that whole group
@@ -55,7 +58,6 @@ import gc
 import logging
 import os
 import pickle
-import queue
 import select
 import signal
 import threading
@@ -199,13 +201,12 @@ class _NodeServer:
         self.control = shm.map_segment(segment)
         self.control_word = np.ndarray(1, np.int64, buffer=self.control,
                                        offset=8 * slot)
-        self.wakeups = queue.SimpleQueue()
+        # the cancel signal's wake-up: its handler writes, the watcher reads
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.outbox = _Outbox(spec.prefix + "out")
         self.send_lock = threading.Lock()
         self.finished = threading.Event()   # the main loop ended
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
-        threading.Thread(target=self._canceller, daemon=True,
-                         name="lc:canceller").start()
         threading.Thread(target=self._watch_master, daemon=True,
                          name="lc:watcher").start()
 
@@ -225,17 +226,32 @@ class _NodeServer:
     # -- cancellation -------------------------------------------------------
 
     def _on_cancel_signal(self, signum, frame):
-        self.wakeups.put_nowait(None)  # reentrant: safe in a handler
-
-    def _canceller(self):
-        while True:
-            self.wakeups.get()
-            self.runtime.cancel(int(self.control_word[0]))
+        try:
+            os.write(self.wake_w, b"\0")   # safe in a handler
+        except OSError:
+            pass   # full: the watcher is woken already
 
     def _watch_master(self):
+        """Cancel the run the control word names at each cancel signal;
+        when the master hangs up, stop the run and end the node."""
         poller = select.poll()
-        poller.register(self.conn.fileno(), select.POLLRDHUP)
-        poller.poll()
+        master = self.conn.fileno()
+        poller.register(master, select.POLLRDHUP)
+        poller.register(self.wake_r, select.POLLIN)
+        while True:
+            try:
+                ready = dict(poller.poll())
+            except InterruptedError:
+                continue
+            if self.wake_r in ready:
+                try:
+                    while os.read(self.wake_r, 4096):
+                        pass
+                except OSError:
+                    pass   # drained
+                self.runtime.cancel(int(self.control_word[0]))
+            if master in ready:
+                break
         # The master is gone: stop the run; the main loop then sees EOF
         # and ends.  An op that never looks at its cancellation would keep
         # the node alive (there is no parent-death signal under forkserver,

@@ -123,3 +123,15 @@ def test_the_masters_descriptors_do_not_grow_with_the_nodes():
     big, started = held(200)
     assert started == 200
     assert big == small, (small, big)
+
+
+def test_an_idle_node_runs_three_threads():
+    """Its main thread, the watcher (cancel signals and the master's
+    hang-up, in one poll) and the output forwarder: each thread more is
+    a stack and a clone for each of a thousand nodes to start, and a
+    separate canceller thread was one."""
+    import psutil
+    with LocalHostScheduler(nodes=["a", "b"]) as scheduler:
+        threads = {name: psutil.Process(pid).num_threads()
+                   for name, pid in scheduler.node_pids().items()}
+    assert threads == {"a": 3, "b": 3}
