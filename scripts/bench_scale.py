@@ -53,6 +53,9 @@ __all__ = ["measure"]
 BUILD_BOUND = 3.0
 #: an idle node process's own memory
 USS_BOUND = 8 * MiB
+#: what a training instance may hold, in idle instances' USS (measured at
+#: 1000 trainers: about 2x): the job is trained only where that fits
+JOB_MEMORY_FACTOR = 2.5
 #: seconds the embedded job may take at one size
 JOB_TIMEOUT = 120
 
@@ -243,6 +246,15 @@ def measure_one(count):
         out["uss_mib"] = uss[len(uss) // 2] / MiB
     finally:
         scheduler.close()
+    # a training instance holds more than an idle one (its shard, its
+    # runs' threads and buffers): a job the machine cannot hold is not
+    # started -- the kernel's OOM killer would take it, or other work
+    need = JOB_MEMORY_FACTOR * out["uss_mib"] * MiB * count
+    if need > psutil.virtual_memory().available:
+        out["job_skipped"] = (f"{need / MiB:.0f} MB needed, "
+                              f"{psutil.virtual_memory().available / MiB:.0f}"
+                              " MB available")
+        return out
     directory = tempfile.mkdtemp(prefix="lc_bench_proto_")
     marks = []
     try:
@@ -313,6 +325,10 @@ def main(argv=None):
     print(" | ".join(title for _, title, _ in COLUMNS))
     for row in rows:
         print(" | ".join(_cell(fmt, row.get(key)) for key, _, fmt in COLUMNS))
+    for row in rows:
+        if row.get("job_skipped"):
+            print(f"{row['n']}: the embedded job was not trained "
+                  f"({row['job_skipped']})")
     big = 10000 if args.quick else 100000
     small = min(_proto_build(10) for _ in range(5))
     large = min(_proto_build(big) for _ in range(3))
