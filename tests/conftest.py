@@ -10,7 +10,9 @@ that leaves a child process, a shared-memory segment or a session's
 descriptor behind.
 """
 
+import contextlib
 import os
+import re
 import time
 
 import psutil
@@ -70,22 +72,66 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if id(item) not in gone]
 
 
+#: one local Ray the modules that run the ray kind share: started by the
+#: first of them, kept up for the next (a start takes about 3 s; one per
+#: module was 23 starts a run), shut down before a module that touches
+#: Ray itself (it starts its own, or counts on none running) and at the
+#: end of the run
+_SHARED = {"stack": None, "pool": None}
+
+
+def _shared_ray():
+    if _SHARED["stack"] is None:
+        stack = contextlib.ExitStack()
+        _SHARED["pool"] = stack.enter_context(
+            warm_ray(num_cpus=2, log_to_driver=False))
+        _SHARED["stack"] = stack
+    return _SHARED["pool"]
+
+
+def _stop_shared_ray():
+    stack = _SHARED["stack"]
+    _SHARED["stack"] = _SHARED["pool"] = None
+    if stack is not None:
+        stack.close()
+
+
+def _touches_ray(module):
+    """Whether ``module``'s source names Ray (its own, or a command line
+    that starts one): a shared Ray must not be up under it."""
+    try:
+        with open(module.__file__, encoding="utf-8") as f:
+            return re.search(r"\bray\b", f.read()) is not None
+    except (OSError, TypeError):
+        return True
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_ray_ends():
+    yield
+    _stop_shared_ray()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def ray_pool(request):
-    """One local Ray for a module with tests under the ray kind, and a
-    pool of warm node actors its sessions take and give back (starting an
-    actor takes most of a second); everything is gone after the module."""
-    if not runs_ray(request.module, request.session.items):
-        yield None
-        return
-    with warm_ray(num_cpus=2, log_to_driver=False) as pool:
-        RAY["pool"] = pool
-        RAY["own"] = set(live_children())   # Ray's processes, up for now
-        try:
-            yield pool
-        finally:
-            RAY["pool"] = None
-            RAY["own"] = set()
+    """The shared local Ray (`_SHARED`) for a module with tests under the
+    ray kind, and its pool of warm node actors its sessions take and give
+    back (starting an actor takes most of a second).  While it is up,
+    Ray's processes and the pool's actors are no test's leak, in any
+    module."""
+    if runs_ray(request.module, request.session.items):
+        pool = _shared_ray()
+    else:
+        if _touches_ray(request.module):
+            _stop_shared_ray()
+        pool = _SHARED["pool"]
+    RAY["pool"] = pool
+    RAY["own"] = set(live_children()) if pool is not None else set()
+    try:
+        yield pool
+    finally:
+        RAY["pool"] = None
+        RAY["own"] = set()
 
 
 def child_processes():
