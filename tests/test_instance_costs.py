@@ -172,3 +172,42 @@ def test_nodes_asked_to_stop_get_time_in_proportion_to_their_number(
         finally:
             resume.join()
     assert not [r for r in caplog.records if "did not stop" in r.message]
+
+
+_STOPPED_ZYGOTE = textwrap.dedent("""
+    import os, signal, sys, time
+    from localcluster import (LocalHostScheduler, Node, NodeFailedError,
+                              RunTimeoutError, Task, TaskGroup, ops)
+
+    # the first process the master forks -- the zygote of the batch --
+    # stops before it starts a node (as one stopped with SIGSTOP would)
+    FORKS = []
+    os.register_at_fork(
+        before=lambda: FORKS.append(1),
+        after_in_child=lambda: len(FORKS) == 1 and os.kill(os.getpid(),
+                                                           signal.SIGSTOP))
+    with TaskGroup() as tg, Node("n", num_instances=8), Task():
+        ops.Const(0)
+    session = LocalHostScheduler()
+    started = time.monotonic()
+    try:
+        session.run(tg, timeout=1)
+    except (RunTimeoutError, NodeFailedError) as exc:
+        print(type(exc).__name__, round(time.monotonic() - started, 1))
+    finally:
+        session.close()
+""")
+
+
+def test_a_stopped_zygote_is_killed_once_not_waited_for_per_node(tmp_path):
+    # the nodes of a zygote that relays nothing were each waited for, then
+    # killed through it, in turn: 2.5 s a node (8 nodes: 21 s); now its
+    # first such node takes the zygote down, and the rest are dead with it
+    script = tmp_path / "stopped.py"
+    script.write_text(_STOPPED_ZYGOTE)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True,
+                         text=True, timeout=90, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    kind, took = out.stdout.split()
+    assert kind == "RunTimeoutError"
+    assert float(took) < 12, out.stdout

@@ -132,6 +132,10 @@ class NodeHandle:
         if not self.gone:
             self.killpg(signal.SIGKILL)
             _wait_gone([self], time.monotonic() + SHUTDOWN_STEP)
+        if not self.gone and self.link is not None:
+            # its zygote relays nothing (stopped, or hung): it goes, and
+            # the nodes it started with it -- not a wait per node
+            self.link.kill()
         self.state = NodeState.DEAD
         if self.link is not None:
             self.link.forget(self)
@@ -325,6 +329,15 @@ class ZygoteLink:
                 handle.kill()
             raise
         return link
+
+    def kill(self):
+        """The zygote does not answer: SIGKILL it (its nodes get their
+        parent-death signal) and close the link, every node of it dead."""
+        try:
+            self.process.kill()
+        except (OSError, ValueError, AttributeError):
+            pass   # gone, or closed already
+        self.close(wait=SHUTDOWN_STEP)
 
     def command(self, kind, ids, arg):
         """``(kind, ids, arg)`` to the zygote; OSError if it is gone."""
