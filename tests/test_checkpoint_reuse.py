@@ -239,3 +239,8 @@ def test_quick_verdicts_kept_between_prunes_are_read_again_when_files_change(
     with open(later, "r+b") as f:
         f.truncate(os.path.getsize(later) // 2)
     assert quick().epochs[EPOCHS].problems["a"]
+    # and the verdicts of files pruned away are not kept for ever
+    assert len(verdicts) == EPOCHS + 1
+    os.unlink(later)
+    quick()
+    assert len(verdicts) == EPOCHS

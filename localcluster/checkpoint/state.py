@@ -103,6 +103,16 @@ class Verdicts:
             self._known[key] = (seen, verdict, refs)
         return verdict
 
+    def retain(self, paths):
+        """Forget the verdicts of every file but ``paths`` (what the last
+        scan found: a pruned file's verdict is not kept for ever)."""
+        paths = set(paths)
+        for key in [k for k in self._known if k[0] not in paths]:
+            del self._known[key]
+
+    def __len__(self):
+        return len(self._known)
+
 
 def _identity(path):
     """What tells one file at ``path`` from another written there, or

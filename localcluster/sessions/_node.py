@@ -30,8 +30,8 @@ control word and sends SIGUSR1; the handler only wakes the watcher
 thread (a byte on a pipe), which calls ``runtime.cancel(rid)`` -- a
 cancel that arrives before its run starts cancels it as it starts.  The
 watcher waits on that pipe and on the master's hang-up in one poll: two
-threads a node, not three (a thread is a good part of what starting a
-thousand nodes costs).
+threads beside the main one (the watcher, the output forwarder), not
+three -- a thread is a good part of what starting a thousand nodes costs.
 
 The process leads its own process group, which the processes it starts
 share; whatever notices that the master is gone ends that whole group

@@ -226,6 +226,9 @@ def scan(directory, quick=False, nodes=None, about_run=True,
             state.present.append(node)
         else:
             state.problems[node] = problem
+    if verdicts is not None:
+        verdicts.retain(os.path.join(directory, name)
+                        for name in named.values())
     _add_partials(found, named)
     for state in found.epochs.values():
         for node in state.expected:
