@@ -101,7 +101,13 @@ def assert_uninterrupted(out, directory, uninterrupted):
     loss, expected, last = uninterrupted
     result = summary(out)
     assert result["last_epoch"] == last
-    assert result["epochs"][-1]["metrics"]["loss"] == loss
+    if result["epochs"]:
+        assert result["epochs"][-1]["metrics"]["loss"] == loss
+    else:
+        # the signal came after the last epoch was saved (a 5-epoch run
+        # can end within the test's window): resumed, nothing was left to
+        # run -- the weights below are what the run ended with
+        assert result["resumed_from"] == last, result
     assert_same_weights(weights(directory, last), expected)
 
 
