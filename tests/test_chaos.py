@@ -70,10 +70,21 @@ def assert_same_weights(a, b):
 
 
 def nodes_of(master):
+    """The master's node processes (children of its zygotes; not the
+    zygotes, nor its group watcher)."""
     try:
-        return psutil.Process(master.pid).children()
+        found = psutil.Process(master.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+    nodes = []
+    for proc in found:
+        try:
+            title = " ".join(proc.cmdline()).strip()
+        except psutil.Error:
+            continue
+        if title.startswith("localcluster: "):
+            nodes.append(proc)
+    return nodes
 
 
 def assert_nothing_left(master_pid, directory, children):
