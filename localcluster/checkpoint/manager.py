@@ -37,7 +37,7 @@ from .fileformat import (BLOB_NAMES, read_manifest, remove_partials,
                          verify_checkpoint)
 from .names import checkpoint_path, parse_name
 from ..errors import CheckpointError, PlanError
-from ..plan.instances import expand_nodes
+from ..plan.instances import expand_nodes, instance_names
 from ..plan.net import Net
 from ..task import Cluster, Node, Task, TaskGroup, WorkspaceType
 
@@ -170,12 +170,13 @@ class _Manager:
         cluster = Cluster.current()
         out = []
         for entry in compact_nodes(nodes):
-            if isinstance(entry, str) or cluster.kwargs_of(entry[0]).get(
-                    "num_instances") != entry[1]:
-                out.extend([entry] if isinstance(entry, str) else
-                           [f"{entry[0]}_{i}" for i in range(entry[1])])
-            else:
+            if isinstance(entry, str):
+                out.append(entry)
+            elif cluster.kwargs_of(entry[0]).get("num_instances") == \
+                    entry[1]:
                 out.append(tuple(entry))
+            else:   # plain nodes named like instances
+                out.extend(instance_names(*entry))
         return out
 
     def _where(self, node, epoch):

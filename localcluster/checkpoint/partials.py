@@ -82,7 +82,9 @@ def sweep_before_write(path):
         owner, dot, number = head.rpartition(".")
         if partial and owner == node and number.isdigit():
             heads.add(head)
-    return _remove(directory, sorted(found),
+    if not heads:
+        return []
+    return _remove(directory, found,
                    tuple(head + PARTIAL for head in heads), True)
 
 

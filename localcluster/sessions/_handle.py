@@ -335,7 +335,7 @@ class ZygoteLink:
         parent-death signal) and close the link, every node of it dead."""
         try:
             self.process.kill()
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError):
             pass   # gone, or closed already
         self.close(wait=SHUTDOWN_STEP)
 
