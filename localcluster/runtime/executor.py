@@ -50,6 +50,7 @@ from .clock import REAL_TIME
 from .current import inherit
 from .links import run_net_slowed
 from .outputs import store, store_lent
+from .straight import LENDS as _LENDS, STRAIGHT_AFTER, generate
 
 __all__ = ["RunContext", "execute"]
 
@@ -65,8 +66,10 @@ class RunContext:
     """What the executor needs of the node it runs on.
 
     One per node, kept across runs: it caches each net's compiled ops
-    (kernels bound to their arguments), so a group run again does not
-    compile again.  `begin` starts a run (clears the cancellation).
+    (kernels bound to their arguments) and, once the net runs again, its
+    straight-line code (`localcluster.runtime.straight`), so a group run
+    again does not compile again.  `begin` starts a run (clears the
+    cancellation).
     """
 
     MAX_COMPILED = 4096
@@ -108,17 +111,37 @@ class RunContext:
     def compiled(self, net):
         """(kernel, inputs, single output, outputs, lenient, lock) per op
         of ``net``."""
+        return self._entry(net)[2]
+
+    def runner(self, net, repeats=1):
+        """``(code, run_net)`` for ``net``: its compiled ops and the
+        function that runs them (`_run_net`'s signature).  That is the
+        interpreter, `_run_net`, for a net's first run, and its
+        straight-line code from the second run on -- or from the first
+        when the caller runs it ``repeats`` times (None: until a stop
+        blob says so)."""
+        entry = self._entry(net)
+        if entry[4] is None:
+            entry[3] += 1
+            if entry[3] < STRAIGHT_AFTER and repeats == 1:
+                return entry[2], _run_net
+            entry[4] = generate(net, entry[2], _op_failed, store, store_lent)
+        return entry[2], entry[4]
+
+    def _entry(self, net):
+        """[net, op count, compiled ops, runs seen, straight code]"""
         key = id(net)
         found = self._compiled.get(key)
         if found is not None and found[0] is net and found[1] == net.num_ops:
-            return found[2]
+            return found
         with self._compile_lock:
             ops = net.ops
             code = [self._compile_op(op) for op in ops]
             if len(self._compiled) >= self.MAX_COMPILED:
                 self._compiled.clear()
-            self._compiled[key] = (net, len(ops), code)
-        return code
+            entry = [net, len(ops), code, 0, None]
+            self._compiled[key] = entry
+        return entry
 
     def _compile_op(self, op):
         schema = registry.lookup(op.type)
@@ -236,11 +259,19 @@ def _run_net(net, code, get, put, ws, rc, task, step, first=0):
         except Cancelled:
             raise
         except Exception as exc:
-            cause = _missing_blob(exc, ws, code[index][1], rc, net,
-                                  first + index)
-            if cause is not exc:
-                cause.__cause__ = exc
-            raise _fail(rc, cause, task, step, net, first + index) from cause
+            _op_failed(exc, index, net, code, ws, rc, task, step, first)
+
+
+def _op_failed(exc, index, net, code, ws, rc, task, step, first=0):
+    """Raise what ``exc``, raised by op ``index`` of ``code`` (a slice of
+    ``net``'s compiled ops that starts at op ``first``), means: a missing
+    blob's error, or the op's `TaskFailedError`, naming op ``first +
+    index`` of the net.  The interpreter and the straight-line code both
+    end here, so they fail alike."""
+    cause = _missing_blob(exc, ws, code[index][1], rc, net, first + index)
+    if cause is not exc:
+        cause.__cause__ = exc
+    raise _fail(rc, cause, task, step, net, first + index) from cause
 
 
 def _run_net_switching(net, code, get, put, ws, rc, task, step):
@@ -251,10 +282,6 @@ def _run_net_switching(net, code, get, put, ws, rc, task, step):
         point()
         _run_net(net, code[index:index + 1], get, put, ws, rc, task, step,
                  index)
-
-
-#: the "lock" of a lending op's compiled code (see `store_lent`)
-_LENDS = object()
 
 
 #: what a missing blob's error suggests when no concurrent branch is to blame
@@ -364,20 +391,28 @@ def _passes(step, regular, ws, rc, task):
     else:
         limit = None
     if step.nets:
-        nets = [(net, rc.compiled(net)) for net in step.nets]
         get, put = _accessors(ws)
-        run_net = _run_net_switching if rc.clock.switches else \
-            _run_net if rc.slowdown == 1.0 else \
-            functools.partial(run_net_slowed, _run_net)
+        if rc.clock.switches:
+            nets = [(net, rc.compiled(net), _run_net_switching)
+                    for net in step.nets]
+        else:
+            nets = [(net, *rc.runner(net, limit)) for net in step.nets]
+            if rc.slowdown != 1.0:
+                nets = [(net, code, functools.partial(run_net_slowed, run))
+                        for net, code, run in nets]
         if step.should_stop_blob is None:  # plain repetition: no stop test
+            if len(nets) == 1 and getattr(nets[0][2], "repeats", False):
+                (net, code, run_net), = nets   # the loop is in the code
+                run_net(net, code, get, put, ws, rc, task, step, limit)
+                return
             for _ in range(limit):
-                for net, code in nets:
+                for net, code, run_net in nets:
                     run_net(net, code, get, put, ws, rc, task, step)
             return
         stop = step.should_stop_blob
         i = 0
         while limit is None or i < limit:
-            for net, code in nets:
+            for net, code, run_net in nets:
                 run_net(net, code, get, put, ws, rc, task, step)
                 if _stopped(stop, ws):
                     return
