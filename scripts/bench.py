@@ -280,7 +280,8 @@ def measure_op_loop(cfg):
     finally:
         session.close()
     return [Row("op_loop", f"op loop per iteration ({n} iterations) vs "
-                "numpy calls", m["ours"].scaled(1 / n), m["numpy"].scaled(1 / n), 3.0)]
+                "numpy calls", m["ours"].scaled(1 / n), m["numpy"].scaled(1 / n),
+                1.25)]
 
 
 # -- 6. a queue between two node processes -----------------------------------------
