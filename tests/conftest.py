@@ -11,6 +11,7 @@ descriptor behind.
 """
 
 import contextlib
+import functools
 import os
 import re
 import time
@@ -70,6 +71,16 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=dropped)
         gone = set(map(id, dropped))
         items[:] = [item for item in items if id(item) not in gone]
+    # Split over workers (``-n 2``, README's command), every test that
+    # runs Ray -- the ray leg of the session matrix, and every test of a
+    # module that starts or counts Ray's processes itself -- goes to one
+    # worker, in its collection order: one Ray runs at a time on the
+    # machine, shared as when the suite runs in one process.
+    ray = pytest.mark.xdist_group("ray")
+    for item in items:
+        module = getattr(item, "module", None)
+        if on_ray(item) or (module is not None and _touches_ray(module)):
+            item.add_marker(ray)
 
 
 #: one local Ray the modules that run the ray kind share: started by the
@@ -96,6 +107,7 @@ def _stop_shared_ray():
         stack.close()
 
 
+@functools.lru_cache(maxsize=None)
 def _touches_ray(module):
     """Whether ``module``'s source names Ray (its own, or a command line
     that starts one): a shared Ray must not be up under it."""
@@ -114,24 +126,36 @@ def _shared_ray_ends():
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_pool(request):
-    """The shared local Ray (`_SHARED`) for a module with tests under the
-    ray kind, and its pool of warm node actors its sessions take and give
-    back (starting an actor takes most of a second).  While it is up,
-    Ray's processes and the pool's actors are no test's leak, in any
-    module."""
-    if runs_ray(request.module, request.session.items):
-        pool = _shared_ray()
-    else:
-        if _touches_ray(request.module):
-            _stop_shared_ray()
-        pool = _SHARED["pool"]
+    """The shared local Ray (`_SHARED`) while a module runs, if it is up,
+    and its pool of warm node actors the sessions take and give back
+    (starting an actor takes most of a second); it is started by the
+    module's first test under the ray kind (`ray_for_test`) and stopped
+    before a module that touches Ray itself.  While it is up, Ray's
+    processes and the pool's actors are no test's leak, in any module."""
+    if _touches_ray(request.module) and \
+            not runs_ray(request.module, request.session.items):
+        _stop_shared_ray()
+    _expose(_SHARED["pool"])
+    try:
+        yield
+    finally:
+        _expose(None)
+
+
+def _expose(pool):
     RAY["pool"] = pool
     RAY["own"] = set(live_children()) if pool is not None else set()
-    try:
-        yield pool
-    finally:
-        RAY["pool"] = None
-        RAY["own"] = set()
+
+
+@pytest.fixture(autouse=True)
+def ray_for_test(request, ray_pool):
+    """Start the shared Ray for a test under the ray kind, if it is not up
+    (before the test's leak check looks: see `no_leaks`).  Started here,
+    not for every module that has such tests: split over workers, a
+    module's ray leg runs on one worker and its other tests on another,
+    which needs no Ray."""
+    if on_ray(request.node) and RAY["pool"] is None:
+        _expose(_shared_ray())
 
 
 def child_processes():
@@ -257,9 +281,10 @@ def own_cluster():
 
 
 @pytest.fixture(autouse=True)
-def no_leaks():
+def no_leaks(ray_for_test):
     """Fail a test that leaves child processes, shm segments or session
-    descriptors behind (the plugin's leak check, after every test)."""
+    descriptors behind (the plugin's leak check, after every test; taken
+    after the shared Ray, if the test needs it, is up)."""
     before = Snapshot()
     yield
     pool = RAY["pool"]
