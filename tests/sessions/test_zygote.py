@@ -21,7 +21,7 @@ from localcluster.runtime import shm
 from localcluster.sessions import _handle
 from localcluster.sessions import _protocol as P
 
-from conftest import child_processes, kill_and_wait, zygote
+from conftest import child_processes, kill_and_wait, running, zygote
 
 
 def prototype_group(count, seconds=0.0):
@@ -231,9 +231,19 @@ def test_a_killed_master_takes_every_instance_and_segment_with_it(
         parents = {n.ppid() for n in nodes}
         took, alive = kill_and_wait(master, nodes)
         assert not alive, f"instances outlived their master: {alive}"
-        for pid in parents:   # the zygote went too
-            assert not psutil.pid_exists(pid) or \
-                psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        # the zygote went too: it notices its master's end on its own, a
+        # moment after the nodes (which die by the kernel's signal)
+        deadline = time.monotonic() + 10
+        zygotes = []
+        for pid in parents:
+            try:
+                zygotes.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass
+        while any(map(running, zygotes)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not any(map(running, zygotes)), \
+            f"the zygote outlived its master: {zygotes}"
         deadline = time.monotonic() + 10
         while shm.segments(prefix) and time.monotonic() < deadline:
             time.sleep(0.05)   # the group watcher sweeps them
