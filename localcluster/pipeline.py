@@ -24,7 +24,7 @@ from .plan.builder import NetBuilder
 from .plan.net import Net
 from .plan.setup import TASK_SETUP, SetupNets
 from .plan.step import ExecutionStep, execution_step, to_execution_step
-from .queues import Queue
+from .queues import Queue, QueueReader
 from .task import Task
 
 __all__ = ["pipe", "pipe_and_output", "Output", "ProcessingReader"]
@@ -153,6 +153,22 @@ def _check_counts(num_threads, num_runtime_threads):
             "(task instances) above 1, not both")
 
 
+def _drains(reader, out, parts, final_outputs):
+    """Whether nothing looks at the records the pipe reads: it reads a
+    Queue as it is, its processor made no op, no record and no stop blob,
+    and no final outputs are captured.  Then reading a record alone buys
+    nothing: the pipe drains what its queue holds in one op."""
+    return (type(reader) is QueueReader and out.record is None
+            and not parts and out.should_stop is None
+            and final_outputs is None)
+
+
+def _drain_net(queue, status, name):
+    net = Net(f"{name}/drain")
+    net.DrainRecords([], [status], **queue._args())
+    return net
+
+
 def _pipe_task(input, output, num_threads, processor, name, capacity, group,
                num_runtime_threads, final_outputs):
     _check_counts(num_threads, num_runtime_threads)
@@ -175,6 +191,8 @@ def _pipe_task(input, output, num_threads, processor, name, capacity, group,
                                                           local_exit)
         local_init.ConstantFill([], [status], value=False, dtype=bool)
         out, parts = _process(processor, record, f"{name}/processor")
+        if _drains(reader, out, parts, final_outputs):
+            read_nets = [_drain_net(reader.queue, status, name)]
         body = list(read_nets) + list(parts)
         if out.should_stop is not None:
             stop = Net(f"{name}/stop")

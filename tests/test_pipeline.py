@@ -474,3 +474,75 @@ def test_a_reader_made_in_a_task_of_its_group_reads_every_record_scheduled(
     from localcluster import LocalSession
     with LocalSession(schedule=seed) as session:
         _reader_in_a_task(session, n=40)
+
+
+# -- a pipe that looks at no record drains its queue in bulk -----------------
+
+def _queue_op_types(group):
+    """The types of the queue-reading ops of every task in ``group``."""
+    return sorted(op.type for task in group.tasks()
+                  for net in task.get_step().walk_nets() for op in net.ops
+                  if op.type in ("DequeueRecords", "DrainRecords"))
+
+
+def test_a_pipe_that_looks_at_no_record_drains_its_queue_in_one_op():
+    with TaskGroup() as tg:
+        queue = Queue(8)
+        with Node("w"), Task():
+            queue.writer().write_record(ops.net(), {
+                "x": ops.ConstantFill([], shape=[1], value=1.0)})
+        with Node("r"):
+            pipe(queue, processor=lambda record: None)
+    assert _queue_op_types(tg) == ["DrainRecords"]
+
+
+@pytest.mark.parametrize("processor", [
+    None,                                         # writes each record on
+    lambda record: (ops.CountUp(["calls"]), None)[1],   # makes ops
+    lambda record: Output(record=record),          # a record
+])
+def test_a_pipe_that_looks_at_its_records_reads_them_one_read_at_a_time(
+        processor):
+    with TaskGroup() as tg:
+        queue = Queue(8)
+        with Node("w"), Task():
+            queue.writer().write_record(ops.net(), {
+                "x": ops.ConstantFill([], shape=[1], value=1.0)})
+        with Node("r"):
+            pipe(queue, processor=processor)
+    assert _queue_op_types(tg) == ["DequeueRecords"]
+
+
+def test_a_limited_or_final_output_pipe_does_not_drain():
+    with TaskGroup() as tg:
+        queue = Queue(8)
+        with Node("w"), Task():
+            queue.writer().write_record(ops.net(), {
+                "x": ops.ConstantFill([], shape=[1], value=1.0)})
+        with Node("r"):
+            pipe(ReaderWithLimit(queue.reader(), 3),
+                 processor=lambda record: None)
+            pipe_and_output(queue, processor=lambda record: None,
+                            final_outputs=lambda: ops.ConstantFill(
+                                [], shape=[1], value=0.0))
+    assert _queue_op_types(tg) == ["DequeueRecords", "DequeueRecords"]
+
+
+@pytest.mark.parametrize("producer,consumer", PLACEMENTS)
+@pytest.mark.parametrize("n,capacity", [(0, 1), (1, 1), (37, 4), (300, 64)])
+def test_a_draining_pipe_takes_every_record_and_ends(session, producer,
+                                                     consumer, n, capacity):
+    """Every record written reaches the queue (the draining reader closes
+    it only once closed and empty), whatever the capacity."""
+    src, _ = make_datasets(session, {"uid": np.arange(n)}, ["uid"],
+                           node=producer)
+    with TaskGroup() as tg:
+        queue = Queue(capacity)
+        with Node(producer):
+            pipe(src.reader(), output=queue,
+                 processor=lambda rec: (ops.CountUp(["calls"]), rec)[1])
+        with Node(consumer):
+            pipe(queue, processor=lambda record: None)
+    session.run(tg, timeout=60)
+    assert session.fetch_blob("calls", producer) == n
+    assert _queue_op_types(tg) == ["DrainRecords"]

@@ -68,6 +68,27 @@ def dequeue_records(ctx, queue=None, capacity=1, num_records=1,
     return (np.array(False),) + fields, None
 
 
+@register_op("DrainRecords", context=True)
+def drain_records(ctx, queue=None, capacity=1):
+    """Take and drop every record the queue holds now, up to
+    ``capacity`` (waiting for one); outputs True once the queue is closed
+    and empty.  What a pipe reads when nothing looks at its records: one
+    op, one channel call and no copy for all of them.
+
+    A channel without ``get_available`` (a link's reading end, which holds
+    each record until it has arrived; a channel of another engine) gives
+    one record a call, so per-record conditions hold as they did."""
+    channel = _channel(ctx, queue, capacity)
+    take = getattr(channel, "get_available", None)
+    if take is None:
+        records, finished, done = channel.get(1, ctx.cancelled, ctx.clock)
+    else:
+        records, finished, done = take(capacity, ctx.cancelled, ctx.clock)
+    if done is not None:
+        done()
+    return np.array(bool(finished))
+
+
 @register_op("CloseQueue", num_outputs=0, context=True)
 def close_queue(ctx, queue=None, capacity=1, writer=False):
     """Close the queue: at once (a reader's close), or -- ``writer`` --

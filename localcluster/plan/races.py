@@ -83,6 +83,9 @@ _IN_PLACE = {"TimerEnd": (0,), "TimerGetAndEnd": (0,)}
 #: queue ops: what may let a ``DequeueRecords`` of their queue return
 _ENABLERS = ("EnqueueRecord", "CloseQueue")
 
+#: queue ops that return once a record is there (or the queue is closed)
+_DEQUEUES = ("DequeueRecords", "DrainRecords")
+
 
 class Access(NamedTuple):
     """One side of a `Race`: an op and how it uses the blob.
@@ -270,7 +273,7 @@ class _Walk:
             env[level][1] |= names
 
     def _op(self, op, net, index, pos, env, task, step):
-        if op.type in _ENABLERS or op.type == "DequeueRecords":
+        if op.type in _ENABLERS or op.type in _DEQUEUES:
             if "queue" in op.args:
                 self.queue_ops.append(self._event(
                     op.args["queue"], op, net, index, pos, task, step))
@@ -327,7 +330,7 @@ class _Order:
         self._hb = {}
         dequeues, self._enablers = {}, {}
         for event in walk.queue_ops:
-            if event.op.type == "DequeueRecords":
+            if event.op.type in _DEQUEUES:
                 dequeues.setdefault(event.node, []).append(event)
             else:
                 self._enablers.setdefault(event.name, []).append(event)

@@ -20,7 +20,8 @@ import numpy as np
 __all__ = ["queues_of", "queue_writers", "SharedQueue", "shared_queues",
            "feedable", "check_feedable", "check_seconds"]
 
-_QUEUE_ROLES = {"EnqueueRecord": "writes", "DequeueRecords": "reads"}
+_QUEUE_ROLES = {"EnqueueRecord": "writes", "DequeueRecords": "reads",
+                "DrainRecords": "reads"}
 
 
 def queues_of(plan):

@@ -13,7 +13,10 @@ it was told how many end in the run).
 
 A channel holds records -- tuples of arrays whose first axis is the batch.
 ``put`` blocks while the channel is full, ``get(n)`` until ``n`` records
-are queued or the channel is closed (then it takes what is left).  A
+are queued or the channel is closed (then it takes what is left);
+``get_available(n)``, where a channel has it, waits for one record only and
+takes up to ``n`` of those queued (a pipe that looks at no record alone
+drains its queue so: see `localcluster.kernels.io_ops`).  A
 waiter waits on the channel's condition through the run's clock
 (``clock.wait(cond, until=...)``, see `localcluster.runtime.clock`) and is
 woken by whatever changes what it waits for: a put, a get, a close -- or
@@ -98,6 +101,24 @@ class LocalChannel:
                     self._stopped(cancelled)),
                     what=f"{n} record(s) from queue {self.name!r} (it "
                          f"holds {len(self._items)}, open)")
+            self._check(cancelled)
+            take = min(n, len(self._items))
+            records = [self._items.popleft() for _ in range(take)]
+            self._cond.notify_all()
+            return records, not records, None
+
+    def get_available(self, n, cancelled=None, clock=REAL_TIME):
+        """Up to ``n`` of the records queued now, waiting for one only
+        (or the close); ``(records, finished, done)`` as `get`."""
+        n = max(1, int(n))
+        with self._cond:
+            while not self._closed and not self._items:
+                self._check(cancelled)
+                clock.wait(self._cond, until=lambda: (
+                    self._closed or self._items or
+                    self._stopped(cancelled)),
+                    what=f"a record from queue {self.name!r} (it is empty, "
+                         "open)")
             self._check(cancelled)
             take = min(n, len(self._items))
             records = [self._items.popleft() for _ in range(take)]

@@ -426,6 +426,41 @@ class ShmChannel:
             return records, False, functools.partial(self._release, slots)
         return [], True, None
 
+    def get_available(self, n, cancelled=None, clock=None):
+        """Up to ``n`` of the records queued now, waiting for one only:
+        ``(records, finished, done)`` as `get`.  One call takes every
+        record the ring holds (a lock and the shared words once), so a
+        reader that looks at no record alone moves them in bulk."""
+        want = max(1, int(n))
+        taken, slots = self._taken, []
+        try:
+            while len(slots) < want:
+                try:
+                    slots.append(taken.popleft())
+                except IndexError:
+                    break
+            if not slots:
+                patience = None
+                while not self._take_records(1, slots) and not slots:
+                    if patience is None:
+                        patience = functools.partial(
+                            self._consumer_patience, 1)
+                    self._sleep(WAIT_CONSUMERS, self._full, patience,
+                                cancelled, CONSUMER_SLEEPS)
+                while len(slots) < want:
+                    try:
+                        slots.append(taken.popleft())
+                    except IndexError:
+                        break
+            views = self._segments.reader_views
+            records = [views(slot) for slot in slots]
+        except BaseException:
+            self._release(slots)
+            raise
+        if records:
+            return records, False, functools.partial(self._release, slots)
+        return [], True, None
+
     def _take_records(self, want, slots):
         """Add records' slots to ``slots``, ``want`` in all -- or what is
         left once the queue is closed; True once it is closed and none is

@@ -10,6 +10,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from localcluster import Net, register_op
 from localcluster.runtime import shm
@@ -603,3 +605,108 @@ def test_a_ring_of_a_shared_queue_wakes_one_of_its_waiters_not_all():
         channel.release()
         parts.close()
         cancelled.close()
+
+
+# -- taking what is queued, in bulk (a pipe that looks at no record) ---------
+
+def _local_channel(capacity):
+    from localcluster.runtime.channels import LocalChannel
+    return LocalChannel(capacity, name="bulk")
+
+
+def _values(records):
+    return [int(r[0][0]) for r in records]
+
+
+def test_a_bulk_read_takes_every_queued_record_in_one_call(parts):
+    for channel in (ShmChannel(parts.desc), _local_channel(8)):
+        try:
+            for i in range(5):
+                assert channel.put((np.array([i]),))
+            records, finished, done = channel.get_available(8)
+            assert _values(records) == [0, 1, 2, 3, 4] and not finished
+            if done is not None:
+                done()
+            assert channel.put((np.array([5]),))
+            channel.close()
+            records, finished, done = channel.get_available(8)
+            assert _values(records) == [5] and not finished
+            if done is not None:
+                done()
+            assert channel.get_available(8)[:2] == ([], True)
+        finally:
+            if isinstance(channel, ShmChannel):
+                channel.release()
+
+
+def test_a_bulk_read_takes_at_most_what_was_asked_in_order(parts):
+    for channel in (ShmChannel(parts.desc), _local_channel(8)):
+        try:
+            for i in range(7):
+                assert channel.put((np.array([i]),))
+            got = []
+            for want in (3, 1, 8):
+                records, _, done = channel.get_available(want)
+                assert len(records) == min(want, 7 - len(got))
+                got += _values(records)
+                if done is not None:
+                    done()
+            assert got == list(range(7))
+        finally:
+            if isinstance(channel, ShmChannel):
+                channel.release()
+
+
+def test_a_bulk_read_of_an_empty_queue_waits_for_one_record(parts):
+    for channel in (ShmChannel(parts.desc), _local_channel(8)):
+        timer = threading.Timer(0.05, channel.put, ((np.array([9]),),))
+        timer.start()
+        try:
+            records, finished, done = channel.get_available(8)
+            assert _values(records) == [9] and not finished
+            if done is not None:
+                done()
+        finally:
+            timer.join()
+            if isinstance(channel, ShmChannel):
+                channel.release()
+
+
+def test_a_bulk_read_of_an_aborted_run_ends_in_cancelled(parts):
+    for channel in (ShmChannel(parts.desc), _local_channel(8)):
+        timer = threading.Timer(0.05, channel.abort)
+        timer.start()
+        try:
+            with pytest.raises(Cancelled):
+                channel.get_available(8)
+        finally:
+            timer.join()
+            if isinstance(channel, ShmChannel):
+                channel.release()
+
+
+@given(st.lists(st.one_of(st.tuples(st.just("put"), st.integers(0, 99)),
+                          st.tuples(st.just("get"), st.integers(1, 6))),
+                max_size=40))
+@settings(max_examples=40)
+def test_bulk_reads_give_the_records_one_record_reads_give(steps):
+    """Whatever is put and however many a bulk read asks for, the records
+    come out in the order of single reads, none lost or repeated."""
+    channel, queued, got, expected = _local_channel(64), 0, [], []
+    for kind, value in steps:
+        if kind == "put" and queued < 64:
+            channel.put((np.array([value]),))
+            expected.append(value)
+            queued += 1
+        elif kind == "get" and queued:
+            records, _, _ = channel.get_available(value)
+            assert len(records) == min(value, queued)
+            got += _values(records)
+            queued -= len(records)
+    channel.close()
+    while True:
+        records, finished, _ = channel.get(1)
+        if finished:
+            break
+        got += _values(records)
+    assert got == expected
