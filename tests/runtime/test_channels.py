@@ -710,3 +710,57 @@ def test_bulk_reads_give_the_records_one_record_reads_give(steps):
             break
         got += _values(records)
     assert got == expected
+
+
+class _OneAtATime:
+    """A channel with no bulk read (a link's reading end, another
+    engine's channel): `get` only."""
+
+    def __init__(self, channel):
+        self.channel, self.asked = channel, []
+
+    def get(self, n, cancelled=None, clock=None):
+        self.asked.append(n)
+        return self.channel.get(n, cancelled, clock)
+
+
+class _Hub:
+    def __init__(self, channel):
+        self._channel = channel
+
+    def channel(self, queue, capacity):
+        return self._channel
+
+
+def _drain_context(channel):
+    from types import SimpleNamespace
+    from localcluster.runtime.clock import REAL_TIME
+    return SimpleNamespace(resources={"queues": _Hub(channel)}, node="n",
+                           cancelled=None, clock=REAL_TIME)
+
+
+def test_a_drain_takes_what_is_queued_in_one_call_where_the_channel_can():
+    from localcluster.kernels.io_ops import drain_records
+    channel = _local_channel(8)
+    for i in range(5):
+        channel.put((np.array([i]),))
+    channel.close()
+    ctx = _drain_context(channel)
+    assert not drain_records(ctx, queue="q", capacity=8)
+    assert drain_records(ctx, queue="q", capacity=8), "closed and empty"
+
+
+def test_a_drain_takes_one_record_a_call_from_a_channel_without_bulk_reads():
+    """Over a link each record is held until it has arrived: the drain
+    asks for one at a time, so per-record conditions hold."""
+    from localcluster.kernels.io_ops import drain_records
+    inner = _local_channel(8)
+    for i in range(3):
+        inner.put((np.array([i]),))
+    inner.close()
+    channel = _OneAtATime(inner)
+    ctx = _drain_context(channel)
+    results = [bool(drain_records(ctx, queue="q", capacity=8))
+               for _ in range(4)]
+    assert results == [False, False, False, True]
+    assert channel.asked == [1, 1, 1, 1]
