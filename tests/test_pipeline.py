@@ -5,6 +5,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from localcluster import (Dataset, LocalHostScheduler, Node, Output,
                           PlanError, Queue, ReaderWithLimit, Task, TaskGroup,
@@ -546,3 +548,48 @@ def test_a_draining_pipe_takes_every_record_and_ends(session, producer,
     session.run(tg, timeout=60)
     assert session.fetch_blob("calls", producer) == n
     assert _queue_op_types(tg) == ["DrainRecords"]
+
+
+@settings(max_examples=6, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(0, 120), capacity=st.integers(1, 16),
+       writers=st.integers(1, 2), cross=st.booleans())
+def test_a_draining_pipe_ends_a_run_as_the_one_record_pipe_does(
+        session, n, capacity, writers, cross):
+    """Batched (a pipe that looks at no record) and one record a read (the
+    same pipe counting what it reads): every writer writes all of its
+    records, and the one-record pipe reads exactly those, under every
+    session, one node or a queue between nodes, one writer or two."""
+    producers = [f"w{i}" if cross else "local" for i in range(writers)]
+    consumer = "r" if cross else "local"
+    with TaskGroup(WorkspaceType.GLOBAL) as init:
+        for node in {*producers, consumer}:
+            with Node(node), Task():
+                ops.CreateCounter([], ["written"])
+                ops.CreateCounter([], ["read"])
+    counts = {}
+    for drains in (True, False):
+        session.run(init)
+        with TaskGroup() as tg:
+            queue = Queue(capacity)
+            for i, node in enumerate(producers):
+                share = n // writers + (i < n % writers)
+                with Node(node), Task(name=f"producer_{i}"):
+                    record = {"x": ops.ConstantFill([], shape=[1],
+                                                    value=1.0)}
+                    writer = queue.writer()
+                    with ops.loop(share):
+                        net = ops.net()
+                        writer.write_record(net, record)
+                        net.CountUp(["written"])
+                    writer.commit(ops.net())
+            with Node(consumer):
+                pipe(queue, processor=(lambda r: None) if drains else
+                     (lambda r: (ops.CountUp(["read"]), None)[1]))
+        assert _queue_op_types(tg) == \
+            ["DrainRecords" if drains else "DequeueRecords"]
+        session.run(tg, timeout=60)
+        counts[drains] = sum(int(session.fetch_blob("written", node))
+                             for node in set(producers))
+    assert counts == {True: n, False: n}
+    assert int(session.fetch_blob("read", consumer)) == n
