@@ -593,3 +593,29 @@ def test_a_draining_pipe_ends_a_run_as_the_one_record_pipe_does(
                              for node in set(producers))
     assert counts == {True: n, False: n}
     assert int(session.fetch_blob("read", consumer)) == n
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_draining_pipe_ends_under_a_deterministic_schedule(seed):
+    """The drain's wait for one record is a switch point like any queue
+    wait: every schedule ends, with every record written."""
+    from localcluster import LocalSession
+    with LocalSession(schedule=seed) as session:
+        with TaskGroup(WorkspaceType.GLOBAL) as init:
+            with Node("w"), Task():
+                ops.CreateCounter([], ["written"])
+        session.run(init)
+        with TaskGroup() as tg:
+            queue = Queue(3)
+            with Node("w"), Task():
+                record = {"x": ops.ConstantFill([], shape=[1], value=1.0)}
+                writer = queue.writer()
+                with ops.loop(10):
+                    net = ops.net()
+                    writer.write_record(net, record)
+                    net.CountUp(["written"])
+                writer.commit(ops.net())
+            with Node("r"):
+                pipe(queue, processor=lambda record: None)
+        session.run(tg, timeout=30)
+        assert int(session.fetch_blob("written", "w")) == 10
