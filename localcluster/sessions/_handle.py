@@ -44,7 +44,7 @@ from ._plumbing import MASTER_ENDS
 __all__ = ["NodeState", "NodeHandle", "ControlWords", "Mux", "ZygoteLink",
            "wait_events", "CONN", "SENTINEL", "await_ready",
            "read_goodbyes", "join_all", "START_TIMEOUT", "SHUTDOWN_STEP",
-           "send_all", "signal_all", "kill_all"]
+           "send_all", "send_each", "signal_all", "kill_all"]
 
 log = logging.getLogger(__name__)
 
@@ -475,6 +475,30 @@ def send_all(handles, msg):
             link.command(Z.SEND, [h.id for h in group], raw)
         except OSError:
             failed.extend(group)
+    return failed
+
+
+def send_each(sends):
+    """Send each ``(handles, msg)`` of ``sends``: each message pickled
+    once, all of a zygote's in one command (a run's requests reach a batch
+    in one write, whatever their number); the handles whose zygote is gone
+    (not sent)."""
+    by_link = {}
+    for handles, msg in sends:
+        raw = Z.frame(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
+        for link, group in _by_link(handles).items():
+            by_link.setdefault(link, []).append((group, raw))
+    failed = []
+    for link, pairs in by_link.items():
+        try:
+            if link is None:
+                raise OSError
+            link.command(Z.SENDS, None,
+                         [([h.id for h in group], raw)
+                          for group, raw in pairs])
+        except OSError:
+            for group, _ in pairs:
+                failed.extend(group)
     return failed
 
 

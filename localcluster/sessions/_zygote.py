@@ -7,7 +7,8 @@
     ZygoteLink (`_handle`), per batch  -- forks each node of --->  node_main
       one control socket                  the batch at start
         ("send", ids, bytes) ----------> written to each node's  -> requests
-                                         socket, unchanged
+        ("sends", None, [(ids, bytes),   socket, unchanged
+          ...]): a run, one command
         <---- [("m", id, reply bytes),   read from the nodes'    <- replies
                ("x", id, exit code)]     sockets; deaths reaped
         ("signal"/"kill", ids, sig) ---> kill(2) / killpg(2)
@@ -72,8 +73,8 @@ from ._plumbing import (MASTER_GONE_SIGNAL, FrameWriter, close_master_ends,
                         set_parent_death_signal)
 from ._title import set_zygote_title
 
-__all__ = ["Batch", "zygote_main", "preload", "SEND", "SIGNAL", "KILL",
-           "BYE"]
+__all__ = ["Batch", "zygote_main", "preload", "SEND", "SENDS", "SIGNAL",
+           "KILL", "BYE"]
 
 #: modules a node's code commonly imports at its first use of them (numpy
 #: loads these submodules lazily, at ``np.random``...): imported once,
@@ -92,6 +93,9 @@ def preload():
 
 #: commands of the master
 SEND, SIGNAL, KILL, BYE = "send", "signal", "kill", "bye"
+#: several sends in one command: what a run sends the zygote's nodes (one
+#: write of the master, one wake-up of the zygote, however many messages)
+SENDS = "sends"
 #: events of the zygote
 MESSAGE, EXITED = "m", "x"
 
@@ -302,12 +306,10 @@ class _Zygote:
     def _command(self, msg):
         kind = msg[0]
         if kind == SEND:
-            _, ids, raw = msg
-            for node_id in ids:
-                child = self.children.get(node_id)
-                if child is not None and not child.eof:
-                    child.outbuf.append(memoryview(raw))
-                    self._flush_child(child)
+            self._send(msg[1], msg[2])
+        elif kind == SENDS:
+            for ids, raw in msg[2]:
+                self._send(ids, raw)
         elif kind in (SIGNAL, KILL):
             _, ids, sig = msg
             for node_id in ids:
@@ -316,6 +318,13 @@ class _Zygote:
                     _signal(child.pid, sig, group=kind == KILL)
         elif kind == BYE:
             self.master_gone = True
+
+    def _send(self, ids, raw):
+        for node_id in ids:
+            child = self.children.get(node_id)
+            if child is not None and not child.eof:
+                child.outbuf.append(memoryview(raw))
+                self._flush_child(child)
 
     def _flush_master(self, block=False):
         if self.events:

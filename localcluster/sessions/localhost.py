@@ -11,6 +11,7 @@
         with the batch's plans            (plans inherited)
       send ("run", rid, plan id) ---- control socket ----> relayed to each
         pickled once for all nodes       (one per zygote)   node's socket
+        of a plan, one command per zygote
       driver.drive(state, io)       <--- [("m", node, ("ok", rid, outputs
         io.wait: one poll on the           as shm descriptors) / error),
           zygotes' sockets -> events        ("x", node, exit code)]
@@ -67,7 +68,7 @@ from ._groupwatch import GroupWatcher
 from ._handle import (SHUTDOWN_STEP, ControlWords, Mux, NodeHandle,
                       NodeState, ZygoteLink, await_ready, join_all, kill_all,
                       make_batch, node_spec, read_goodbyes, send_all,
-                      wait_events)
+                      send_each, wait_events)
 from ._logpump import LogPump
 from ._nodelogs import NodeLogs, std_stream
 from ._plumbing import MASTER_ENDS, check_arguments, check_cpus
@@ -294,10 +295,12 @@ class LocalHostScheduler(Session):
         conditions = self.run_conditions or {}
         try:
             # nodes given the same message (a prototype's instances) get
-            # it pickled once, in one command to their zygote -- with the
-            # plan's bytes, for instances started before they ran it:
-            # sent to the zygote once, which writes them to each
-            same = {}
+            # it pickled once -- with the plan's bytes, for instances
+            # started before they ran it: sent to the zygote once, which
+            # writes them to each -- and every message of a zygote's nodes
+            # goes in one command: one write and one wake-up of the zygote
+            # per run, not one per node
+            same, sends = {}, []
             for handle in handles:
                 node_options = self._queues.options_for(handle.name, options)
                 if handle.name in conditions:
@@ -307,11 +310,14 @@ class LocalHostScheduler(Session):
                                   channels, node_options)
                 if node_options is options:
                     key = (msg[2], msg[3] is None)
-                    same.setdefault(key, (msg, []))[1].append(handle)
+                    found = same.get(key)
+                    if found is None:
+                        found = same[key] = ([], msg)
+                        sends.append(found)
+                    found[0].append(handle)
                     continue
-                self._send_run([handle], msg, state)
-            for msg, group in same.values():
-                self._send_run(group, msg, state)
+                sends.append(([handle], msg))
+            self._send_run(sends, state)
         except BaseException:
             # interrupted while sending: what was sent is cancelled, and
             # what was not is not waited for
@@ -323,15 +329,18 @@ class LocalHostScheduler(Session):
         return driver.drive(state, io, CANCEL_GRACE, timeout,
                             self._unreported)
 
-    def _send_run(self, handles, msg, state):
-        failed = set(send_all(handles, msg))
-        for handle in handles:
-            if handle in failed:
-                driver.apply(state, (driver.DIED, handle.name,
-                                     self._death(handle, "receiving a plan")),
-                             self._unreported)
-            else:
-                handle.state = NodeState.RUNNING
+    def _send_run(self, sends, state):
+        """Send each ``(handles, msg)`` of ``sends`` (`send_each`)."""
+        failed = set(send_each(sends))
+        for handles, _ in sends:
+            for handle in handles:
+                if handle in failed:
+                    driver.apply(state, (driver.DIED, handle.name,
+                                         self._death(handle,
+                                                     "receiving a plan")),
+                                 self._unreported)
+                else:
+                    handle.state = NodeState.RUNNING
 
     # -- requests between runs --------------------------------------------------
 

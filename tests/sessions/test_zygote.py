@@ -33,6 +33,33 @@ def prototype_group(count, seconds=0.0):
     return group
 
 
+def record_commands(monkeypatch):
+    """The commands the master writes to its zygotes, as they go."""
+    commands = []
+    real = _handle.ZygoteLink.command
+
+    def recording(link, kind, ids, arg):
+        commands.append((link, kind, ids, arg))
+        return real(link, kind, ids, arg)
+
+    monkeypatch.setattr(_handle.ZygoteLink, "command", recording)
+    return commands
+
+
+def run_commands(commands):
+    """Of ``commands``, those that send runs: each a list of ``(number
+    of nodes, message)``, one for each distinct message it carries."""
+    runs = []
+    for _, kind, ids, arg in commands:
+        sends = [(ids, arg)] if kind == "send" else \
+            arg if kind == "sends" else []
+        sends = [(len(ids), pickle.loads(raw[4:])) for ids, raw in sends]
+        sends = [(n, msg) for n, msg in sends if msg[0] == P.RUN]
+        if sends:
+            runs.append(sends)
+    return runs
+
+
 def zygotes():
     return [p for p in psutil.Process().children() if zygote(p)]
 
@@ -109,14 +136,7 @@ def test_a_zygote_whose_nodes_all_died_exits_and_is_reaped():
 def test_a_prototypes_plan_is_sent_to_its_zygote_once(monkeypatch):
     """Its instances inherit it: no run message carries its bytes, and
     the instances given the same message get it in one command."""
-    commands = []
-    real = _handle.ZygoteLink.command
-
-    def recording(link, kind, ids, arg):
-        commands.append((kind, len(ids), arg))
-        return real(link, kind, ids, arg)
-
-    monkeypatch.setattr(_handle.ZygoteLink, "command", recording)
+    commands = record_commands(monkeypatch)
     scheduler = LocalHostScheduler()
     try:
         group = prototype_group(12)
@@ -124,10 +144,10 @@ def test_a_prototypes_plan_is_sent_to_its_zygote_once(monkeypatch):
         scheduler.run(group)
     finally:
         scheduler.close()
-    runs = [(n, pickle.loads(arg[4:])) for kind, n, arg in commands
-            if kind == "send"]
-    runs = [(n, msg) for n, msg in runs if msg[0] == P.RUN]
-    assert [n for n, _ in runs] == [12, 12]   # one command per run
+    runs = run_commands(commands)
+    assert [len(sends) for sends in runs] == [1, 1]   # one command per run
+    runs = [sends[0] for sends in runs]
+    assert [n for n, _ in runs] == [12, 12]   # for all twelve
     assert all(msg[3] is None for _, msg in runs)   # no plan bytes
 
 
@@ -135,25 +155,44 @@ def test_instances_started_before_get_their_plan_in_one_command(
         monkeypatch):
     """Started up front (no plan to inherit): the plan's bytes still go to
     their zygote once, for all of them."""
-    commands = []
-    real = _handle.ZygoteLink.command
-
-    def recording(link, kind, ids, arg):
-        commands.append((kind, len(ids), arg))
-        return real(link, kind, ids, arg)
-
-    monkeypatch.setattr(_handle.ZygoteLink, "command", recording)
+    commands = record_commands(monkeypatch)
     scheduler = LocalHostScheduler(
         nodes=[f"trainer_{i}" for i in range(12)])
     try:
         scheduler.run(prototype_group(12))
     finally:
         scheduler.close()
-    runs = [(n, pickle.loads(arg[4:])) for kind, n, arg in commands
-            if kind == "send"]
-    runs = [(n, msg) for n, msg in runs if msg[0] == P.RUN]
-    assert len(runs) == 1 and runs[0][0] == 12
+    runs = run_commands(commands)
+    assert len(runs) == 1 and len(runs[0]) == 1
+    runs = runs[0]
+    assert runs[0][0] == 12
     assert runs[0][1][3] is not None   # the plan's bytes, once
+
+
+def test_a_run_reaches_the_nodes_of_a_zygote_in_one_command(monkeypatch):
+    """Four nodes of four plans started together (one zygote): each run
+    is one write to the zygote, not one per node, and still reaches each
+    node with its own plan."""
+    commands = record_commands(monkeypatch)
+    names = [f"worker_{i}" for i in range(4)]
+    with TaskGroup(WorkspaceType.GLOBAL) as group:
+        for i, name in enumerate(names):
+            with Node(name), Task():
+                ops.ConstantFill([], ["x"], shape=[1], value=float(i))
+    scheduler = LocalHostScheduler(nodes=names)
+    try:
+        del commands[:]
+        for _ in range(3):
+            scheduler.run(group)
+        got = [float(scheduler.fetch_blob("x", name)[0]) for name in names]
+    finally:
+        scheduler.close()
+    runs = run_commands(commands)
+    assert len(runs) == 3   # one command per run ...
+    for sends in runs:     # ... with each node's message, once
+        assert sorted(n for n, _ in sends) == [1, 1, 1, 1]
+        assert len({msg[2] for _, msg in sends}) == 4   # four plans
+    assert got == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_a_plan_bigger_than_a_socket_buffer_reaches_every_instance():
