@@ -79,7 +79,8 @@ PARK_WAKE = 1.0
 
 class _Branch:
     __slots__ = ("name", "state", "cond", "until", "deadline", "what", "t",
-                 "slowdown", "since", "woken", "held", "timed_out", "group")
+                 "slowdown", "since", "woken", "held", "timed_out", "group",
+                 "mark", "skipped")
 
     def __init__(self, name, lock, t, slowdown):
         self.name = name
@@ -95,6 +96,10 @@ class _Branch:
         self.held = False     # it waits for time with no end
         self.timed_out = False
         self.group = None     # the `_Branches` it is one of
+        self.mark = t         # its time when its last op that could wake
+        #                       a branch ended (see `ran`)
+        self.skipped = 0      # ops run without a point since its last
+        #                       charge
 
     def __repr__(self):
         return f"<branch {self.name!r} {self.state}>"
@@ -109,8 +114,11 @@ class Scheduler:
     switches = True
 
     def __init__(self, schedule, start_ns=0, on_idle=None, run=0,
-                 estimate=None):
+                 estimate=None, points=None):
         self.schedule = schedule
+        #: ``{node: {id(net): op indices}}``: the ops that get a switch
+        #: point (`localcluster.plan.races.switch_points`); None: every op
+        self.points = points
         self._op_ns = schedule.op_ns
         self._measured = schedule.op_seconds == "measured"
         self._chooser = schedule.chooser(run, estimate)
@@ -150,6 +158,15 @@ class Scheduler:
         """The latest time the run reached: when its last branch ended."""
         return max(self._ns, self._end)
 
+    def points_of(self, node):
+        """``{id(net): op indices}``: the ops of ``node`` that get a
+        switch point (`point`) before them -- the others cannot interact
+        with another branch, so they run on without one (`ran`); None:
+        every op gets one."""
+        if self.points is None:
+            return None
+        return self.points.get(node, _NO_POINTS)
+
     def point(self):
         """An op boundary: the next branch may run first."""
         me = getattr(self._local, "branch", None)
@@ -157,13 +174,30 @@ class Scheduler:
             return
         with self._lock:
             self._charge(me)
-            self._last = me.t
+            # a branch woken by what ran since its last decision goes on
+            # at the time that op ended, not later (`ran`)
+            self._last = me.mark
             me.t += int(self._op_ns * me.slowdown)
             me.state = READY
             try:
                 self._switch(me)
             finally:
                 me.state = RUNNING
+
+    def ran(self, ops):
+        """The calling branch ran ``ops`` more ops without a point before
+        them (after its last `point`, if any): each costs the time it
+        would have been charged at its own point.  They cannot wake
+        another branch, so what woke one since then did it at the time
+        the branch had before them (its ``mark``).  No decision and no
+        lock: only the branch holding the baton runs."""
+        me = getattr(self._local, "branch", None)
+        if me is None:
+            return
+        me.mark = me.t
+        if ops > 0:
+            me.t += ops * int(self._op_ns * me.slowdown)
+            me.skipped += ops
 
     def wait(self, on, timeout=None, *, until=None, what=None):
         """The wait primitive, in virtual time (see the clock module)."""
@@ -259,10 +293,11 @@ class Scheduler:
         """With measured op costs: the real time ``me`` ran since it got
         the baton, times its slowdown, onto its clock (lock held)."""
         self._ran = me.name
+        skipped, me.skipped = me.skipped, 0
         if self._measured and me.since:
             cost = time.perf_counter_ns() - me.since
             self._op_sum += cost
-            self._op_count += 1
+            self._op_count += 1 + skipped   # the ops ``cost`` covers
             me.t += int(cost * me.slowdown)
 
     def _window(self, name):
@@ -327,6 +362,7 @@ class Scheduler:
                 raise Cancelled(f"branch {me.name!r} was still waiting when "
                                 "its run's schedule ended")
             me.cond.wait(PARK_WAKE)
+        me.mark = me.t
         if self._measured:
             me.since = time.perf_counter_ns()
 
@@ -419,6 +455,9 @@ class Scheduler:
             f"{said}.  Usually a queue is read that nothing writes or "
             "closes (or written while nothing reads it): check which task "
             "writes, reads and closes each queue", waiting=waiting)
+
+
+_NO_POINTS = {}
 
 
 def _earliest(item):
