@@ -6,7 +6,8 @@ virtual clock.
     session (LocalSession)                 branches (real threads)
       sched = Scheduler(schedule, ...)
       sched.add(node) per node ---------->  node worker: sched.run_as(b, fn)
-      sched.alarm(deadline, tick)             ops: clock.point()  -- switch
+      sched.alarm(deadline, tick)             ops that interact:
+                                                clock.point()     -- switch
       sched.kick()   starts the run           waits: clock.wait(...) -- switch
       driver waits; on a tick:                run_concurrently / reporters:
         cancel nodes, sched.kick()              clock.branches(...).start()
@@ -16,8 +17,14 @@ virtual clock.
 Every concurrent branch of the run -- a node, the tasks of a group on it,
 task instances, concurrent substeps (pipe threads), ``run_every_ms``
 reporters -- stays a real thread, but only the one holding the baton
-runs.  At each switch point it gives the baton back: at every op boundary
-(`point`), at every wait (`wait`) and when it ends.  The scheduler then
+runs.  At each switch point it gives the baton back: before every op that
+can interact with another branch (`point`; which ops those are is
+``points``, worked out by the host with
+`localcluster.plan.races.switch_points`), at every wait (`wait`) and when
+it ends.  The ops between two points touch nothing another branch uses,
+so they run on without a decision or a hand-over of the baton (`ran`
+charges their virtual time), and every interleaving of the interacting
+ops -- all a run's result can depend on -- stays reachable.  The scheduler then
 picks the next branch among those that can go on -- ready ones, and
 waiting ones whose condition holds or whose timeout has passed -- ordered
 by name, with the run's `Chooser` (a seeded generator, or a replay) when
