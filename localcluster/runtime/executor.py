@@ -291,15 +291,15 @@ def _run_net_switching(net, code, get, put, ws, rc, task, step):
             _run_net(net, part, get, put, ws, rc, task, step, start)
         except TaskFailedError as exc:
             # ops up to the failing one started: their time is spent
-            clock.ran(exc.op_index - start + 1 - pointed)
+            clock.ran(exc.op_index - start + 1 - pointed, pointed)
             raise
         except Cancelled:
-            clock.ran(1 - pointed)   # found before its first op ran
+            clock.ran(1 - pointed, pointed)   # found before its first op
             raise
         except BaseException:
-            clock.ran(1 - pointed)
+            clock.ran(1 - pointed, pointed)
             raise
-        clock.ran(len(part) - pointed)
+        clock.ran(len(part) - pointed, pointed)
 
 
 def _segments(rc, net, code):

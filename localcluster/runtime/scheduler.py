@@ -191,17 +191,19 @@ class Scheduler:
             finally:
                 me.state = RUNNING
 
-    def ran(self, ops):
+    def ran(self, ops, after_point=True):
         """The calling branch ran ``ops`` more ops without a point before
-        them (after its last `point`, if any): each costs the time it
-        would have been charged at its own point.  They cannot wake
-        another branch, so what woke one since then did it at the time
-        the branch had before them (its ``mark``).  No decision and no
-        lock: only the branch holding the baton runs."""
+        them (``after_point``: right after the op of its last `point`):
+        each costs the time it would have been charged at its own point.
+        They cannot wake another branch, so what the op at the point woke
+        it woke at the time that op ended (the branch's ``mark``), not
+        after them.  No decision and no lock: only the branch holding the
+        baton runs."""
         me = getattr(self._local, "branch", None)
         if me is None:
             return
-        me.mark = me.t
+        if after_point:
+            me.mark = me.t
         if ops > 0:
             me.t += ops * int(self._op_ns * me.slowdown)
             me.skipped += ops
