@@ -48,7 +48,8 @@ from localcluster import (JobRunner, LocalHostScheduler,  # noqa: E402
                           TaskGroup, WorkspaceType, ops, to_execution_step)
 from localcluster.cli.check import CommandLineJob  # noqa: E402
 from localcluster.cli.jobspec import DEFAULT_JOB  # noqa: E402
-from localcluster.testing import Schedule, check_job  # noqa: E402
+from localcluster.testing import (ALL_CHECKS, Schedule,  # noqa: E402
+                                  check_job, races, schedule_independent)
 import bench_peers  # noqa: E402 - the same work on Ray and Dask
 import bench_ray  # noqa: E402 - RaySession's rows; imports Ray only to run
 import bench_scale  # noqa: E402 - growth with the number of nodes
@@ -432,11 +433,12 @@ def measure_schedules(cfg):
     consecutive seeds: random and PCT at depths 1-3 in turn, since their
     decisions and hand-overs differ.  `check_job` runs every check with
     the command line's defaults (``--check --epochs 3``: 20 interleavings,
-    20 kills; a quick run: 2 of each, 1 epoch) once; its baseline is one
+    20 kills) once; its baseline is one
     real training of the same job, so the row says how many trainings'
     worth the check costs -- a figure that moves with what the checks
     explore (informational), where the training moves only with the
-    machine."""
+    machine.  A quick run checks races and schedules only (1 epoch, 1
+    interleaving), to stay a smoke test."""
     build = _embedded(cfg.sched_epochs)
     seeds = iter(range(1 << 30))
     m = alternate({"scheduled": timed(lambda: _train(
@@ -444,18 +446,22 @@ def measure_schedules(cfg):
                    "real": timed(lambda: _train(build, None))},
                   cfg.sched_rounds, 1, 1)
     logging.getLogger("localcluster.job").setLevel(logging.ERROR)
+    # a quick run checks only races and schedules: the smoke test's bound
+    checks = (races, schedule_independent) if cfg.quick else ALL_CHECKS
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         check = timed(lambda: check_job(
-            build, max_examples=cfg.check_examples,
+            build, checks=checks, max_examples=cfg.check_examples,
             max_kills=cfg.check_examples))()
+    which = "races and schedules" if cfg.quick else "every check"
     return [
         Row("scheduled_run", f"embedded job, {cfg.sched_epochs} epoch(s) "
             "under a schedule vs on real threads", m["scheduled"],
             m["real"], 1.5),
-        Row("check_job", f"check_job of the embedded job ({cfg.sched_epochs}"
-            f" epoch(s), {cfg.check_examples} interleavings and kills) vs "
-            "its real training", Stat.of([check]), m["real"]),
+        Row("check_job", f"check_job of the embedded job ({which}, "
+            f"{cfg.sched_epochs} epoch(s), {cfg.check_examples} "
+            "interleavings and kills) vs its real training",
+            Stat.of([check]), m["real"]),
     ]
 
 
