@@ -284,14 +284,22 @@ def _run_net_switching(net, code, get, put, ws, rc, task, step):
     slice, and the clock is told how many ran (`Scheduler.ran`), so each
     is charged its virtual time as if it had had a point of its own."""
     clock = rc.clock
-    for start, pointed, part in _segments(rc, net, code):
+    segments = _segments(rc, net, code)
+    if not segments:
+        return   # an empty net
+    if len(segments) == 1 and not segments[0][1]:
+        # no op of the net needs a point: it runs as a real run would --
+        # its straight-line code once the net has run before
+        _run_net_unswitched(net, get, put, ws, rc, task, step)
+        return
+    for start, pointed, part in segments:
         if pointed:
             clock.point()
         try:
             _run_net(net, part, get, put, ws, rc, task, step, start)
         except TaskFailedError as exc:
             # ops up to the failing one started: their time is spent
-            clock.ran(exc.op_index - start + 1 - pointed, pointed)
+            clock.ran(_failed_at(exc) - start + 1 - pointed, pointed)
             raise
         except Cancelled:
             clock.ran(1 - pointed, pointed)   # found before its first op
@@ -300,6 +308,26 @@ def _run_net_switching(net, code, get, put, ws, rc, task, step):
             clock.ran(1 - pointed, pointed)
             raise
         clock.ran(len(part) - pointed, pointed)
+
+
+def _run_net_unswitched(net, get, put, ws, rc, task, step):
+    """A net none of whose ops gets a switch point, under a schedule."""
+    code, run_net = rc.runner(net)
+    clock = rc.clock
+    try:
+        run_net(net, code, get, put, ws, rc, task, step)
+    except TaskFailedError as exc:
+        clock.ran(_failed_at(exc) + 1, False)
+        raise
+    except BaseException:
+        clock.ran(1, False)   # as if found at the first op's point
+        raise
+    clock.ran(len(code), False)
+
+
+def _failed_at(exc):
+    """The index of the op whose failure ``exc`` is (0 if it names none)."""
+    return exc.op_index if exc.op_index is not None else 0
 
 
 def _segments(rc, net, code):
