@@ -24,14 +24,17 @@ be made.
 import argparse
 import importlib.metadata
 import json
+import logging
 import math
 import os
 import pickle
 import platform
 import sys
+import tempfile
 import threading
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +42,14 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from localcluster import (LocalHostScheduler,  # noqa: E402
+from localcluster import (JobRunner, LocalHostScheduler,  # noqa: E402
                           LocalSession, MultiNodeCheckpointManager,
                           NetBuilder, Node, NodeFailedError, Task,
                           TaskGroup, WorkspaceType, ops, to_execution_step)
+from localcluster.cli.check import CommandLineJob  # noqa: E402
+from localcluster.cli.jobspec import DEFAULT_JOB  # noqa: E402
+from localcluster.testing import (ALL_CHECKS, Schedule,  # noqa: E402
+                                  check_job, races, schedule_independent)
 import bench_peers  # noqa: E402 - the same work on Ray and Dask
 import bench_ray  # noqa: E402 - RaySession's rows; imports Ray only to run
 import bench_scale  # noqa: E402 - growth with the number of nodes
@@ -400,9 +407,68 @@ def measure_checkpoints(cfg):
                 "np.load", loads["load"], loads["np_load"])]
 
 
+# -- 8. deterministic schedules and the job checks ------------------------------------
+
+def _embedded(epochs):
+    """``build()`` of the embedded job as ``--check`` trains it (4 nodes,
+    ``threads=1``)."""
+    return CommandLineJob(DEFAULT_JOB, epochs=epochs, threads=1)
+
+
+def _train(build, schedule):
+    """Train ``build``'s job once on LocalSession (under ``schedule``)."""
+    job, _ = build()
+    with tempfile.TemporaryDirectory() as directory, \
+            LocalSession(schedule=schedule) as session:
+        JobRunner(job, MultiNodeCheckpointManager(directory),
+                  timeout=60).train(session)
+
+
+def measure_schedules(cfg):
+    """The embedded job trained under deterministic schedules against the
+    same training on real threads (<= 1.5x), and `check_job` of it
+    against that real training.
+
+    The schedules are the checks' own, ``Schedule(seed, "mixed")`` over
+    consecutive seeds: random and PCT at depths 1-3 in turn, since their
+    decisions and hand-overs differ.  `check_job` runs every check with
+    the command line's defaults (``--check --epochs 3``: 20 interleavings,
+    20 kills) once; its baseline is one
+    real training of the same job, so the row says how many trainings'
+    worth the check costs -- a figure that moves with what the checks
+    explore (informational), where the training moves only with the
+    machine.  A quick run checks races and schedules only (1 epoch, 1
+    interleaving), to stay a smoke test."""
+    build = _embedded(cfg.sched_epochs)
+    seeds = iter(range(1 << 30))
+    m = alternate({"scheduled": timed(lambda: _train(
+                       build, Schedule(next(seeds), "mixed"))),
+                   "real": timed(lambda: _train(build, None))},
+                  cfg.sched_rounds, 1, 1)
+    logging.getLogger("localcluster.job").setLevel(logging.ERROR)
+    # a quick run checks only races and schedules: the smoke test's bound
+    checks = (races, schedule_independent) if cfg.quick else ALL_CHECKS
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check = timed(lambda: check_job(
+            build, checks=checks, max_examples=cfg.check_examples,
+            max_kills=cfg.check_examples))()
+    which = "races and schedules" if cfg.quick else "every check"
+    return [
+        Row("scheduled_run", f"embedded job, {cfg.sched_epochs} epoch(s) "
+            "under a schedule vs on real threads", m["scheduled"],
+            m["real"], 1.5),
+        Row("check_job", f"check_job of the embedded job ({which}, "
+            f"{cfg.sched_epochs} epoch(s), {cfg.check_examples} "
+            "interleavings and kills) vs its real training",
+            Stat.of([check]), m["real"]),
+    ]
+
+
 MEASUREMENTS = [measure_dispatch, measure_fetch, measure_startup,
                 measure_sigkill, measure_op_loop, measure_queues,
-                measure_checkpoints, bench_ray.measure, bench_scale.measure]
+                measure_checkpoints, measure_schedules, bench_ray.measure,
+                bench_scale.measure]
 
 
 # -- the peers ----------------------------------------------------------------------

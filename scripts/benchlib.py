@@ -61,18 +61,23 @@ class Config:
     warmup: int
     ckpt_mib: int
     ckpt_rounds: int
+    sched_epochs: int      # epochs of the embedded job's trainings
+    sched_rounds: int      # scheduled and real trainings, alternated
+    check_examples: int    # check_job's max_examples and max_kills
 
 
 FULL = Config(quick=False, dispatch_rounds=20, dispatch_block=100,
               zero_copy_rounds=10, zero_copy_block=20, copy_rounds=7,
               startup_rounds=7, kill_repeats=7, loop_iters=20_000,
               loop_rounds=9, warmup=3, queue_small=2000, queue_big=200,
-              queue_rounds=5, ckpt_mib=64, ckpt_rounds=5)
+              queue_rounds=5, ckpt_mib=64, ckpt_rounds=5, sched_epochs=3,
+              sched_rounds=8, check_examples=20)
 QUICK = Config(quick=True, dispatch_rounds=3, dispatch_block=20,
                zero_copy_rounds=3, zero_copy_block=5, copy_rounds=2,
                startup_rounds=2, kill_repeats=3, loop_iters=2_000,
                loop_rounds=3, warmup=1, queue_small=200, queue_big=20,
-               queue_rounds=2, ckpt_mib=4, ckpt_rounds=2)
+               queue_rounds=2, ckpt_mib=4, ckpt_rounds=2, sched_epochs=1,
+               sched_rounds=2, check_examples=1)
 
 
 # -- figures ----------------------------------------------------------------------

@@ -17,7 +17,7 @@ MEASUREMENTS = {
     "fetch_copy_vs_pickle", "fetch_zero_copy_vs_pickle", "startup_16",
     "startup_16_vs_fork", "sigkill_detection", "op_loop", "queue_small",
     "queue_big_memcpy", "queue_big_mpq", "queue_fan_in", "ckpt_save",
-    "ckpt_load",
+    "ckpt_load", "scheduled_run", "check_job",
     # scale (scripts/bench_scale.py), at the quick run's sizes
     "build_10_100", "build_100_1000", "startup_1_4", "startup_4_16",
     "startup_16_64", "noop_run_1_4", "noop_run_4_16", "noop_run_16_64",

@@ -50,7 +50,9 @@ race.  One race is reported per node, blob and pair of branches (the
 fork where they part), the pair of ops that shows it best: a write
 beside a read if there is one.
 
-The same walk gives `missing_blob_hint`: when an op finds a blob missing
+The same walk gives `switch_points`: the ops of a group before which a
+deterministic schedule must offer the other branches a turn (see it),
+and `missing_blob_hint`: when an op finds a blob missing
 and the only ops of the node that write it run concurrently with it, the
 `BlobNotFoundError` names that writer instead of suggesting the ops are
 out of order.  It is worked out once per plan, when a blob is first
@@ -64,7 +66,8 @@ from typing import NamedTuple
 
 from ..kernels import registry
 
-__all__ = ["Access", "Race", "ATOMIC", "group_races", "missing_blob_hint"]
+__all__ = ["Access", "Race", "ATOMIC", "group_races", "missing_blob_hint",
+           "switch_points", "BLOB_ONLY"]
 
 #: ops that take the node's lock around their in-place access to an input
 #: (the kernels of `localcluster.kernels`): ``{op type: {input position:
@@ -542,6 +545,93 @@ def group_races(plans, known=None):
         if event.scope.depth == 0:
             persisted.setdefault(event.node, set()).add(event.name)
     return _races(walk, order), persisted
+
+
+# -- switch points ---------------------------------------------------------------
+
+#: ops with a context whose only effect is on the blobs they name (under
+#: the node's lock): like an op without a context, they interact with
+#: another branch only through a blob both use.  Every other op with a
+#: context -- queues, clocks and sleeps, prints, checkpoints, a user's --
+#: and every ``Python`` op reach past their blobs.
+BLOB_ONLY = frozenset({
+    "NodeIndex", "NodeCount", "CountUp", "CountDown", "RetrieveCount",
+    "ResetCounter", "AtomicAdd", "AtomicOr", "CreateCursor", "ReadDataset",
+    "CursorAtEnd"})
+
+#: uses of one blob at one place compared pairwise up to this many; a
+#: place used more often counts every use as interacting (fewer points
+#: would be found, never too few)
+_MAX_PAIRED = 256
+
+
+def _reaches_out(op):
+    """Whether ``op`` may act on more than the blobs it names."""
+    if op.type in BLOB_ONLY:
+        return False
+    schema = registry.lookup(op.type)
+    return schema is None or schema.context or op.type == "Python"
+
+
+def switch_points(plans, known=None):
+    """Where a deterministic schedule decides, for one group run: ``{node:
+    {id(net): frozenset of op indices}}`` (``plans``, ``known``: as
+    `group_races` takes them; a net with no point is left out).
+
+    A decision before an op is needed only when the op can interact with
+    another branch of the run: when it reaches past its blobs (a queue, a
+    clock, a sleep, a print, a checkpoint, a ``Python`` op, an op of
+    unknown type), or when it uses a blob another branch of its node uses
+    concurrently, one of the two writing it, and nothing orders the two
+    (`_Order.before`: program order or a queue) -- atomic ops included,
+    since which of two counts first still matters.  Every other op
+    commutes with whatever the other branches do meanwhile, so running
+    it without a decision leaves the run's possible results as they are
+    (partial-order reduction) and saves a decision that could only give
+    an equivalent interleaving.  Nodes share no blob: branches of
+    different nodes meet only in queues."""
+    known = known or {}
+    walk = _Walk()
+    for node, step in plans:
+        walk.node(node, step, known.get(node, ()))
+    order = _Order(walk)
+    _promote(walk, order)
+    found = {}
+
+    def mark(event):
+        found.setdefault(event.node, {}).setdefault(
+            id(event.net), set()).add(event.index)
+
+    for node, step in plans:
+        for net in step.walk_nets():
+            for index, op in enumerate(net.ops):
+                if _reaches_out(op):
+                    found.setdefault(node, {}).setdefault(
+                        id(net), set()).add(index)
+    by_place = {}
+    for event in walk.events:
+        by_place.setdefault((event.node, event.name, id(event.scope)),
+                            []).append(event)
+    for events in by_place.values():
+        writers = [e for e in events if e.writes]
+        if not writers:
+            continue
+        if len(events) > _MAX_PAIRED:
+            for event in events:
+                mark(event)
+            continue
+        scope = events[0].scope
+        for a in writers:
+            for b in events:
+                if order.fork(a, b, scope) is None:
+                    continue
+                if a is not b and (order.before(a, b) or
+                                   order.before(b, a)):
+                    continue
+                mark(a)
+                mark(b)
+    return {node: {net: frozenset(indices) for net, indices in nets.items()}
+            for node, nets in found.items()}
 
 
 # -- the missing blob's hint ----------------------------------------------------

@@ -13,7 +13,10 @@ this interface, so it behaves the same in both::
     clock.wait(event, timeout, what=...)
     clock.wait(cond, timeout, until=ready, what=...)
     clock.branches(labels, fns, thread_name).start() / .join() / .stop(s)
-    clock.switches                    True: call clock.point() between ops
+    clock.switches                    True: a schedule -- call
+                                      clock.point() before each op that
+                                      clock.points_of(node) names and
+                                      clock.ran(n) after ops run without
 
 `wait` is the wait primitive:
 

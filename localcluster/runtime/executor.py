@@ -27,7 +27,8 @@ Threads, waits and time go through the run's clock (``rc.clock``, see
 `localcluster.runtime.clock`): real threads and real time normally, a
 deterministic schedule on a virtual clock when the host gives the run a
 `Scheduler`.  Then the nets of a step run through `_run_net_switching`,
-which offers the baton to the other branches before every op; the plain
+which offers the baton to the other branches before every op that can
+interact with one of them (the schedule's `points_of`); the plain
 `_run_net` loop, the one every run without a schedule takes, has no such
 call in it.
 """
@@ -96,6 +97,8 @@ class RunContext:
         #: `localcluster.runtime.node.run_node_plan`): what a missing
         #: blob's error looks its writers up in
         self.root_step = None
+        #: net id -> how a schedule cuts its ops (`_segments`)
+        self.segments = {}
 
     def begin(self, trace=False, clock=None):
         self.cancelled.clear()
@@ -275,13 +278,83 @@ def _op_failed(exc, index, net, code, ws, rc, task, step, first=0):
 
 
 def _run_net_switching(net, code, get, put, ws, rc, task, step):
-    """`_run_net` under a schedule: a switch point before every op (never
-    inside one: an op may hold the node's lock)."""
-    point = rc.clock.point
-    for index in range(len(code)):
-        point()
-        _run_net(net, code[index:index + 1], get, put, ws, rc, task, step,
-                 index)
+    """`_run_net` under a schedule: a switch point before each op that can
+    interact with another branch (`switch_points`), never inside one (an
+    op may hold the node's lock).  The ops between two points run as one
+    slice, and the clock is told how many ran (`Scheduler.ran`), so each
+    is charged its virtual time as if it had had a point of its own."""
+    clock = rc.clock
+    segments = _segments(rc, net, code)
+    if not segments:
+        return   # an empty net
+    if len(segments) == 1 and not segments[0][1]:
+        # no op of the net needs a point: it runs as a real run would --
+        # its straight-line code once the net has run before
+        _run_net_unswitched(net, get, put, ws, rc, task, step)
+        return
+    for start, pointed, part in segments:
+        if pointed:
+            clock.point()
+        try:
+            _run_net(net, part, get, put, ws, rc, task, step, start)
+        except TaskFailedError as exc:
+            # ops up to the failing one started: their time is spent
+            clock.ran(_failed_at(exc) - start + 1 - pointed, pointed)
+            raise
+        except Cancelled:
+            clock.ran(1 - pointed, pointed)   # found before its first op
+            raise
+        except BaseException:
+            clock.ran(1 - pointed, pointed)
+            raise
+        clock.ran(len(part) - pointed, pointed)
+
+
+def _run_net_unswitched(net, get, put, ws, rc, task, step):
+    """A net none of whose ops gets a switch point, under a schedule."""
+    code, run_net = rc.runner(net)
+    clock = rc.clock
+    try:
+        run_net(net, code, get, put, ws, rc, task, step)
+    except TaskFailedError as exc:
+        clock.ran(_failed_at(exc) + 1, False)
+        raise
+    except BaseException:
+        clock.ran(1, False)   # as if found at the first op's point
+        raise
+    clock.ran(len(code), False)
+
+
+def _failed_at(exc):
+    """The index of the op whose failure ``exc`` is (0 if it names none)."""
+    return exc.op_index if exc.op_index is not None else 0
+
+
+def _segments(rc, net, code):
+    """``[(first op, pointed, compiled ops)]``: ``net``'s ops cut before
+    each op that gets a switch point (``pointed``); made once per net
+    and run's points (`Scheduler.points_of`), cached on ``rc``."""
+    points = rc.clock.points_of(rc.node)
+    cache = rc.segments
+    key = id(net)
+    found = cache.get(key)
+    if found is not None and found[0] is code and found[1] is points:
+        return found[2]
+    at = None if points is None else points.get(key, frozenset())
+    faults = rc.faults
+    cuts = []
+    for index, op in enumerate(net.ops):
+        pointed = at is None or index in at or (
+            faults is not None and faults.names(op))
+        if pointed or not cuts:
+            cuts.append((index, pointed))
+    ends = [c[0] for c in cuts[1:]] + [len(code)]
+    segments = [(first, pointed, code[first:end])
+                for (first, pointed), end in zip(cuts, ends)]
+    if len(cache) >= RunContext.MAX_COMPILED:
+        cache.clear()
+    cache[key] = (code, points, segments)
+    return segments
 
 
 #: what a missing blob's error suggests when no concurrent branch is to blame

@@ -154,6 +154,14 @@ class NodeFaults:
         for index, fault in self._steps.get(step, ()):
             self._fire(index, fault, (task, step))
 
+    def names(self, op):
+        """Whether a fault of this node names ``op`` (its trigger counts
+        ops of its type across the node's branches: under a schedule
+        such an op gets a switch point)."""
+        return op.type in self._ops or (
+            op.type == "SaveCheckpoint" and
+            op.args.get("epoch") in self._saves)
+
     def trigger(self, op):
         """A callable that fires ``op``'s faults, to call just before the
         op runs -- or None when no fault names this op."""

@@ -51,7 +51,12 @@ A decision is the name of the branch picked, such as
 ``"trainer_0/trainer_0/task:body:0/sgd:instances:instance:1"``: the node,
 then one part per concurrent branching below it (see the scheduler).
 Only real choices are recorded -- a point where one branch alone could go
-on is not a decision.  A decision that switches away from a branch that
+on is not a decision -- and points are only where branches can interact:
+before an op that uses a queue, a clock, a blob another branch of the
+node uses concurrently (one of them writing it), and the like
+(`localcluster.plan.races.switch_points`); the ops between run without
+one, since any order of them among the other branches' ops gives the
+same result.  A decision that switches away from a branch that
 could have gone on is a preemption; the chooser counts them.
 
 ``op_seconds`` is how much virtual time each op takes on a node of
@@ -73,8 +78,12 @@ __all__ = ["Schedule", "Chooser", "as_schedule", "STRATEGIES"]
 STRATEGIES = ("random", "pct", "mixed")
 
 #: the decisions a run of a plan is assumed to make before one has been
-#: seen (PCT draws its change points over it)
-DEFAULT_ESTIMATE = 64
+#: seen (PCT draws its change points over it).  A run decides only before
+#: the ops that can interact with another branch (the scheduler's switch
+#: points), a few of a small job's dozens of ops: a larger guess would put
+#: most change points past the end of a first run, which then never
+#: preempts
+DEFAULT_ESTIMATE = 16
 
 
 class Schedule:

@@ -6,7 +6,8 @@ virtual clock.
     session (LocalSession)                 branches (real threads)
       sched = Scheduler(schedule, ...)
       sched.add(node) per node ---------->  node worker: sched.run_as(b, fn)
-      sched.alarm(deadline, tick)             ops: clock.point()  -- switch
+      sched.alarm(deadline, tick)             ops that interact:
+                                                clock.point()     -- switch
       sched.kick()   starts the run           waits: clock.wait(...) -- switch
       driver waits; on a tick:                run_concurrently / reporters:
         cancel nodes, sched.kick()              clock.branches(...).start()
@@ -16,8 +17,14 @@ virtual clock.
 Every concurrent branch of the run -- a node, the tasks of a group on it,
 task instances, concurrent substeps (pipe threads), ``run_every_ms``
 reporters -- stays a real thread, but only the one holding the baton
-runs.  At each switch point it gives the baton back: at every op boundary
-(`point`), at every wait (`wait`) and when it ends.  The scheduler then
+runs.  At each switch point it gives the baton back: before every op that
+can interact with another branch (`point`; which ops those are is
+``points``, worked out by the host with
+`localcluster.plan.races.switch_points`), at every wait (`wait`) and when
+it ends.  The ops between two points touch nothing another branch uses,
+so they run on without a decision or a hand-over of the baton (`ran`
+charges their virtual time), and every interleaving of the interacting
+ops -- all a run's result can depend on -- stays reachable.  The scheduler then
 picks the next branch among those that can go on -- ready ones, and
 waiting ones whose condition holds or whose timeout has passed -- ordered
 by name, with the run's `Chooser` (a seeded generator, or a replay) when
@@ -79,7 +86,8 @@ PARK_WAKE = 1.0
 
 class _Branch:
     __slots__ = ("name", "state", "cond", "until", "deadline", "what", "t",
-                 "slowdown", "since", "woken", "held", "timed_out", "group")
+                 "slowdown", "since", "woken", "held", "timed_out", "group",
+                 "mark", "skipped")
 
     def __init__(self, name, lock, t, slowdown):
         self.name = name
@@ -95,6 +103,10 @@ class _Branch:
         self.held = False     # it waits for time with no end
         self.timed_out = False
         self.group = None     # the `_Branches` it is one of
+        self.mark = t         # its time when its last op that could wake
+        #                       a branch ended (see `ran`)
+        self.skipped = 0      # ops run without a point since its last
+        #                       charge
 
     def __repr__(self):
         return f"<branch {self.name!r} {self.state}>"
@@ -109,8 +121,11 @@ class Scheduler:
     switches = True
 
     def __init__(self, schedule, start_ns=0, on_idle=None, run=0,
-                 estimate=None):
+                 estimate=None, points=None):
         self.schedule = schedule
+        #: ``{node: {id(net): op indices}}``: the ops that get a switch
+        #: point (`localcluster.plan.races.switch_points`); None: every op
+        self.points = points
         self._op_ns = schedule.op_ns
         self._measured = schedule.op_seconds == "measured"
         self._chooser = schedule.chooser(run, estimate)
@@ -150,6 +165,15 @@ class Scheduler:
         """The latest time the run reached: when its last branch ended."""
         return max(self._ns, self._end)
 
+    def points_of(self, node):
+        """``{id(net): op indices}``: the ops of ``node`` that get a
+        switch point (`point`) before them -- the others cannot interact
+        with another branch, so they run on without one (`ran`); None:
+        every op gets one."""
+        if self.points is None:
+            return None
+        return self.points.get(node, _NO_POINTS)
+
     def point(self):
         """An op boundary: the next branch may run first."""
         me = getattr(self._local, "branch", None)
@@ -157,13 +181,32 @@ class Scheduler:
             return
         with self._lock:
             self._charge(me)
-            self._last = me.t
+            # a branch woken by what ran since its last decision goes on
+            # at the time that op ended, not later (`ran`)
+            self._last = me.mark
             me.t += int(self._op_ns * me.slowdown)
             me.state = READY
             try:
                 self._switch(me)
             finally:
                 me.state = RUNNING
+
+    def ran(self, ops, after_point=True):
+        """The calling branch ran ``ops`` more ops without a point before
+        them (``after_point``: right after the op of its last `point`):
+        each costs the time it would have been charged at its own point.
+        They cannot wake another branch, so what the op at the point woke
+        it woke at the time that op ended (the branch's ``mark``), not
+        after them.  No decision and no lock: only the branch holding the
+        baton runs."""
+        me = getattr(self._local, "branch", None)
+        if me is None:
+            return
+        if after_point:
+            me.mark = me.t
+        if ops > 0:
+            me.t += ops * int(self._op_ns * me.slowdown)
+            me.skipped += ops
 
     def wait(self, on, timeout=None, *, until=None, what=None):
         """The wait primitive, in virtual time (see the clock module)."""
@@ -259,10 +302,11 @@ class Scheduler:
         """With measured op costs: the real time ``me`` ran since it got
         the baton, times its slowdown, onto its clock (lock held)."""
         self._ran = me.name
+        skipped, me.skipped = me.skipped, 0
         if self._measured and me.since:
             cost = time.perf_counter_ns() - me.since
             self._op_sum += cost
-            self._op_count += 1
+            self._op_count += 1 + skipped   # the ops ``cost`` covers
             me.t += int(cost * me.slowdown)
 
     def _window(self, name):
@@ -327,6 +371,7 @@ class Scheduler:
                 raise Cancelled(f"branch {me.name!r} was still waiting when "
                                 "its run's schedule ended")
             me.cond.wait(PARK_WAKE)
+        me.mark = me.t
         if self._measured:
             me.since = time.perf_counter_ns()
 
@@ -419,6 +464,9 @@ class Scheduler:
             f"{said}.  Usually a queue is read that nothing writes or "
             "closes (or written while nothing reads it): check which task "
             "writes, reads and closes each queue", waiting=waiting)
+
+
+_NO_POINTS = {}
 
 
 def _earliest(item):

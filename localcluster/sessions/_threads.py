@@ -31,6 +31,7 @@ import queue
 import time
 
 from ..errors import RunTimeoutError
+from ..plan.races import switch_points
 from ..runtime.faults import NodeDeath
 from ..runtime.scheduler import Scheduler
 from . import driver
@@ -191,6 +192,29 @@ def run_scheduled_node(sched, branch, cancel_run, runtime, rid, plan,
         events.put((plan.node, result, None))
 
 
+#: the switch points of this many runs' plans a session keeps
+POINTS_KEPT = 16
+
+
+def _points(session, plans, runtimes):
+    """`switch_points` of ``plans``, each node knowing the blobs its
+    workspace holds -- worked out once per plans and blobs (the epochs of
+    a training run the same plans on the same blobs)."""
+    known = {node: frozenset(runtime.workspace.local_names())
+             for node, runtime in runtimes.items()}
+    key = (tuple((p.node, id(p.step)) for p in plans),
+           tuple(sorted(known.items())))
+    kept = session._switch_points
+    found = kept.get(key)
+    if found is None:
+        if len(kept) >= POINTS_KEPT:
+            kept.pop(next(iter(kept)))
+        # the steps are kept with their points: their ids stay theirs
+        found = kept[key] = ([p.step for p in plans], switch_points(
+            [(p.node, p.step) for p in plans], known))
+    return found[1]
+
+
 def run_scheduled(session, plans, rid, channels, trace, timeout):
     """Run ``plans`` under ``session``'s schedule; ``{node: outputs}``.
 
@@ -200,11 +224,12 @@ def run_scheduled(session, plans, rid, channels, trace, timeout):
     nodes = [p.node for p in plans]
     io = ScheduledRunIO(session, timeout, nodes, rid, session._virtual_ns)
     key = tuple((p.node, p.step.name) for p in plans)
+    runtimes = {node: session._runtime(node) for node in nodes}
     sched = io.sched = Scheduler(
         session.schedule, session._virtual_ns, on_idle=io.tick,
         run=len(session.schedule_log),
-        estimate=session._decision_counts.get(key))
-    runtimes = {node: session._runtime(node) for node in nodes}
+        estimate=session._decision_counts.get(key),
+        points=_points(session, plans, runtimes))
 
     def cancel_run():
         for runtime in runtimes.values():

@@ -89,6 +89,7 @@ class LocalSession(Session):
         #: `Schedule.switches` that repeats those runs
         self.schedule_switches = []
         self._decision_counts = {}   # plan -> decisions its runs made
+        self._switch_points = {}     # plans -> where schedules decide
         self._virtual_ns = 0
         self._runtimes = {}
         self._workers = {}

@@ -52,6 +52,10 @@ __all__ = ["FreshProcesses", "picklable", "Crossed", "type_name"]
 #: seconds to wait for a child beyond its run's own timeout
 GRACE = 30.0
 
+#: seconds between looks for ended children where there are no process
+#: descriptors to wait on
+POLL = 0.02
+
 #: children run at once (each case is single-threaded Python, mostly)
 WIDTH = max(1, min(2, os.cpu_count() or 1))
 
@@ -205,38 +209,55 @@ class FreshProcesses:
 
 def serve():
     """The helper: fork a child per request until stdin closes, answer
-    ``done <token>`` as each ends."""
+    ``done <token>`` as each ends.  It waits on stdin and on a process
+    descriptor of each child at once (`os.pidfd_open`: readable when the
+    child has ended), so a child's end is answered at once; where there
+    are no process descriptors it looks every `POLL` seconds."""
     from ._check_train import train  # once, before forking
     del train
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner's Ctrl-C ends it
-    children = {}
+    children = {}   # pid -> (token, its process descriptor or None)
     stdin = 0   # read unbuffered: select() must see what is unread
     open_ = True
     while open_ or children:
+        watched = [fd for _, fd in children.values() if fd is not None]
+        polled = len(watched) < len(children)
         if open_:
-            ready, _, _ = select.select([stdin], [], [], 0.02)
-            if ready:
-                head = _exactly(stdin, 16)
-                if head is None:
-                    open_ = False
-                else:
-                    token, size = struct.unpack("<QQ", head)
-                    request = _exactly(stdin, size)
-                    if request is None:
-                        open_ = False
-                    else:
-                        _preload(request)
-                        children[_fork(request)] = token
-        else:
-            time.sleep(0.02)
-        while children:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            token = children.pop(pid, None)
-            if token is not None:
-                sys.stdout.buffer.write(b"done %d\n" % token)
-                sys.stdout.buffer.flush()
+            watched.append(stdin)
+        ready, _, _ = select.select(watched, [], [],
+                                    POLL if polled else None)
+        if open_ and stdin in ready:
+            head = _exactly(stdin, 16)
+            request = None
+            if head is not None:
+                token, size = struct.unpack("<QQ", head)
+                request = _exactly(stdin, size)
+            if request is None:
+                open_ = False
+            else:
+                _preload(request)
+                pid = _fork(request, [fd for _, fd in children.values()
+                                      if fd is not None])
+                children[pid] = (token, _pidfd(pid))
+        for pid, (token, fd) in list(children.items()):
+            if fd is not None and fd not in ready:
+                continue
+            if os.waitpid(pid, 0 if fd is not None else os.WNOHANG)[0] == 0:
+                continue
+            del children[pid]
+            if fd is not None:
+                os.close(fd)
+            sys.stdout.buffer.write(b"done %d\n" % token)
+            sys.stdout.buffer.flush()
+
+
+def _pidfd(pid):
+    """A descriptor that becomes readable when child ``pid`` ends, or
+    None where the system has none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def _preload(request):
@@ -259,12 +280,16 @@ def _exactly(fd, size):
     return data
 
 
-def _fork(request):
+def _fork(request, inherited=()):
+    """Fork the child that runs ``request``; its pid.  ``inherited``: the
+    helper's descriptors of the other children, which this one closes."""
     pid = os.fork()
     if pid:
         return pid
     code = 1
     try:
+        for fd in inherited:
+            os.close(fd)
         # the job's prints must not reach the answers' pipe
         os.dup2(2, 1)
         null = os.open(os.devnull, os.O_RDONLY)

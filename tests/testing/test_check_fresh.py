@@ -1,0 +1,42 @@
+"""The checks' fresh-process helper answers a child's end at once: it
+waits on its requests and its children's process descriptors together,
+never looking again after a fixed sleep."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import localcluster
+
+#: runs the helper's loop with ``select.select`` watched, on one request
+#: whose payload cannot be unpickled (the child answers with the error)
+SERVE = """
+import json, select, sys
+real = select.select
+timeouts = []
+def watched(r, w, x, timeout=None):
+    timeouts.append(timeout)
+    return real(r, w, x, timeout)
+select.select = watched
+from localcluster.testing import _check_fresh
+_check_fresh.serve()
+print(json.dumps(timeouts), file=sys.stderr)
+"""
+
+
+def test_the_helper_waits_on_its_children_without_polling(tmp_path):
+    out = tmp_path / "result.pkl"
+    data = str(out).encode() + b"\0\0" + b"not a pickle"
+    frame = struct.pack("<QQ", 7, len(data)) + data
+    root = os.path.dirname(os.path.dirname(localcluster.__file__))
+    env = dict(os.environ, PYTHONPATH=root)
+    done = subprocess.run([sys.executable, "-c", SERVE], input=frame,
+                          capture_output=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == b"done 7\n"
+    timeouts = json.loads(done.stderr.decode().strip().splitlines()[-1])
+    # every wait is on descriptors: the request pipe and the child's
+    assert timeouts and all(t is None for t in timeouts), timeouts
+    assert out.stat().st_size > 0     # the child wrote its answer
