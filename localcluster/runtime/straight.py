@@ -27,15 +27,16 @@ op, with each op's kind decided when the code is written::
 
 It has `_run_net`'s signature, and ``repeats`` runs the net that many
 times over (a step's plain repetition, without a call per pass).  A run
-does exactly what `_run_net` does for the whole net -- the same kernels (faults and locks are already bound into
-them when the net is compiled), the same reads in the same order, the same
+does exactly what `_run_net` does for the whole net -- the same kernels
+(faults and locks are already bound into them when the net is compiled), the same reads in the same order, the same
 checks of what an op returned, the same error (`op_failed` is the
 interpreter's own handler) -- so a slow node's accounting
 (`localcluster.runtime.links.run_net_slowed`) takes either.  The
 interpreter stays: a net's first run takes it (most nets of a job run
 once: an init, a checkpoint save -- generating code for them would cost
-more than it saves), runs under a schedule take it (a switch point before
-every op), and tests hold the two to the same results and errors.
+more than it saves), a net under a schedule takes it between the switch
+points that split it (a net with none runs its straight-line code there
+too), and tests hold the two to the same results and errors.
 
 Blob names enter the source as ``repr`` literals and the kernels as
 closure variables, so nothing a user names is ever evaluated as code.
