@@ -28,9 +28,9 @@ op, with each op's kind decided when the code is written::
 It has `_run_net`'s signature, and ``repeats`` runs the net that many
 times over (a step's plain repetition, without a call per pass).  A run
 does exactly what `_run_net` does for the whole net -- the same kernels
-(faults and locks are already bound into them when the net is compiled), the same reads in the same order, the same
-checks of what an op returned, the same error (`op_failed` is the
-interpreter's own handler) -- so a slow node's accounting
+(faults and locks are already bound into them when the net is compiled),
+the same reads in the same order, the same checks of what an op
+returned, the same error (`op_failed` is the interpreter's own handler) -- so a slow node's accounting
 (`localcluster.runtime.links.run_net_slowed`) takes either.  The
 interpreter stays: a net's first run takes it (most nets of a job run
 once: an init, a checkpoint save -- generating code for them would cost
