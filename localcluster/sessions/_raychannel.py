@@ -17,7 +17,9 @@ records moved in batches.
       wakes every waiter, which answers "aborted": the node raises Cancelled
 
 One remote call per record each way cost about a millisecond a record.
-Now a writer's `put` copies the record into a local buffer and returns;
+Now a writer's `put` copies the record into a local buffer and returns
+(a small record pickled into bytes, `_raywire`: Ray moves those as they
+are, where it would serialize each field of each record on its own path);
 a flusher thread sends everything buffered in one call while the next
 records gather, so a batch is as large as what came during the last call
 (latency: one round trip) and the writer is never more than about two
@@ -57,6 +59,7 @@ import ray
 from ..errors import Cancelled
 from ..runtime.clock import REAL_TIME, metered
 from ..runtime.host import local_channels
+from ._raywire import SMALL, array_bytes, pack, unpack
 
 __all__ = ["ChannelActor", "RayChannel", "actor_channels", "BATCH"]
 
@@ -182,7 +185,13 @@ class RayChannel:
 
     def put(self, record, cancelled=None, clock=REAL_TIME):
         # the writer's blobs change after this: the channel keeps a copy
-        copy = tuple(np.array(f, copy=True) for f in record)
+        # -- a small record's pickled (one raw buffer for Ray to move, not
+        # an out-of-band buffer per field), a big one's its arrays
+        record = tuple(np.asarray(f) for f in record)
+        if array_bytes(record) <= SMALL:
+            copy = pack(record)
+        else:
+            copy = tuple(np.array(f, copy=True) for f in record)
         with self._cond:
             clock.wait(self._cond, until=lambda: (
                 self._state is not None or
@@ -259,10 +268,12 @@ class RayChannel:
                 n - len(self._inbox), self._most))
             if status == "aborted":
                 self._cancelled()
-            # Ray hands arrays over as read-only views of its object
-            # store: the workspace gets arrays of its own
-            self._inbox.extend(tuple(np.array(f, copy=True) for f in r)
-                               for r in records)
+            # a small record unpickles into arrays of its own; Ray hands
+            # a big one's over as read-only views of its object store:
+            # the workspace gets copies
+            self._inbox.extend(
+                unpack(r) if isinstance(r, bytes) else
+                tuple(np.array(f, copy=True) for f in r) for r in records)
         records = [self._inbox.popleft()
                    for _ in range(min(n, len(self._inbox)))]
         return records, not records, None
