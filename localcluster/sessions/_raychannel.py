@@ -20,10 +20,11 @@ One remote call per record each way cost about a millisecond a record.
 Now a writer's `put` copies the record into a local buffer and returns
 (a small record pickled into bytes, `_raywire`: Ray moves those as they
 are, where it would serialize each field of each record on its own path);
-a flusher thread sends everything buffered in one call while the next
-records gather, so a batch is as large as what came during the last call
-(latency: one round trip) and the writer is never more than about two
-capacities ahead of the readers (its buffer, and the channel).  A reader
+a flusher thread (one per writer, kept while records come) sends
+everything buffered in one call while the next records gather, so a
+batch is as large as what came during the last call (latency: one round
+trip) and the writer is never more than about two capacities ahead of
+the readers (its buffer, and the channel).  A reader
 asks for the records it needs and takes up to BATCH that are there, kept
 for its next `get`s.  `close()` (the writer's commit) first waits until
 what the writer buffered is in the channel, so readers see every record
@@ -65,6 +66,8 @@ __all__ = ["ChannelActor", "RayChannel", "actor_channels", "BATCH"]
 
 #: records a reader takes at most in one call
 BATCH = 256
+#: seconds a writer's flusher waits for more records before it ends
+IDLE = 0.05
 
 
 class ChannelActor:
@@ -172,6 +175,7 @@ class RayChannel:
         self._cond = threading.Condition()
         self._pending = collections.deque()   # put, not yet sent
         self._sending = False                 # the flusher runs
+        self._ended = False                   # the writer is done
         self._state = None                    # None, "closed", "aborted"
         self._inbox = collections.deque()     # taken, not yet handed out
 
@@ -208,12 +212,18 @@ class RayChannel:
                 self._sending = True
                 threading.Thread(target=self._flush, daemon=True,
                                  name=f"queue {self.name} flusher").start()
+            else:
+                self._cond.notify_all()     # a flusher waiting for more
             return True
 
     def _flush(self):
-        """Send what is pending, a batch a call, until nothing is."""
+        """Send what is pending, a batch a call, until nothing is for
+        IDLE seconds (or the writer is done): a writer that puts again
+        meanwhile wakes this thread instead of starting another."""
         while True:
             with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._ended or
+                                    self._state is not None, timeout=IDLE)
                 if not self._pending or self._state is not None:
                     self._sending = False
                     self._cond.notify_all()
@@ -243,8 +253,11 @@ class RayChannel:
         ray.get(self._handle.writer_ended.remote(self._run))
 
     def _sent(self):
-        """Wait until what this writer put is in the channel actor."""
+        """Wait until what this writer put is in the channel actor (the
+        writer is done: its flusher ends)."""
         with self._cond:
+            self._ended = True
+            self._cond.notify_all()
             self._cond.wait_for(lambda: not self._sending or
                                 self._state is not None)
             if self._state == "aborted":
