@@ -9,7 +9,8 @@ timed from the driver:
   for.  ``localhost``: ``LocalHostScheduler(nodes=...)`` and a first run
   of one trivial task per node; ``local``: ``LocalSession()`` and that
   run; ``raysession``: ``RaySession()`` starting its own Ray, and that
-  run; ``ray``: ``ray.init`` and N actors, each pinged; ``dask``: a
+  run; ``ray``: Ray started as a RaySession starts it (see bench_ray)
+  and N actors, each pinged; ``dask``: a
   ``LocalCluster`` of N single-threaded worker processes, a ``Client``
   and an actor on each worker, each pinged.  A node is a stateful
   worker, so a peer's counterpart is an actor, not a stateless task.
@@ -404,13 +405,13 @@ def _dask_work(client, actors):
 # -- Ray --------------------------------------------------------------------------
 
 def _ray_start(reaper, ray, n):
-    """``(seconds, work, stop)`` from ``ray.init`` (as bench_ray starts
-    Ray) to ``n`` `_Worker` actors each having answered once.  An actor
+    """``(seconds, work, stop)`` from Ray's start (as bench_ray starts it:
+    as a RaySession does) to ``n`` `_Worker` actors each having answered once.  An actor
     holds no CPU, as a node's actor holds none (so 16 fit on a small
     machine); the class travels by value (a worker started elsewhere
     cannot import this module)."""
     def stop():
-        reaper.stopped(ray.shutdown)
+        reaper.stopped(bench_ray.stop_ray)
 
     start = time.perf_counter()
     try:
@@ -433,10 +434,11 @@ def _measure_ray(plan, out, reaper, ray):
     from localcluster.sessions.ray import RaySession
 
     def session_start(n):   # no address: its own Ray, shut down at close
-        try:
-            return _session_start(reaper, lambda names: RaySession(), n)
+        try:                  # -- with the options of the plain actors' Ray
+            return _session_start(
+                reaper, lambda names: RaySession(**bench_ray.QUIET), n)
         except BaseException:   # a session that failed to start left it up
-            reaper.stopped(ray.shutdown)
+            reaper.stopped(bench_ray.stop_ray)
             raise
 
     def ray_start(n):
@@ -448,7 +450,7 @@ def _measure_ray(plan, out, reaper, ray):
     work, stop = _startups(plan, out, "ray", ray_start)
     try:
         if work is None:   # the last start failed: a new Ray
-            reaper.stopped(ray.shutdown)
+            reaper.stopped(bench_ray.stop_ray)
             _, work, stop = ray_start(4)
         session = RaySession()   # on the Ray up, which it leaves up
         _warm(plan, out, "raysession", (_SessionWork(session), session.close),
@@ -458,7 +460,7 @@ def _measure_ray(plan, out, reaper, ray):
         out.fail(WARM_WORKS, "raysession", exc)
         out.fail(WARM_WORKS, "ray", exc)
     finally:
-        reaper.stopped(ray.shutdown)
+        reaper.stopped(bench_ray.stop_ray)
 
 
 # -- Dask -------------------------------------------------------------------------

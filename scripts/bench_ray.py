@@ -9,6 +9,18 @@ row meet the same warm cluster.  (Dispatch, fetch and queues of
 RaySession against raw Ray are rows bench.py derives from bench_peers'
 figures: the same work measured once.)
 
+Every Ray of the benchmarks -- this section's, and each one bench_peers
+starts, for RaySession or for the plain actors -- is started the way a
+RaySession without an address starts its own: by the session's
+``connect`` (a local Ray sized to this machine, no dashboard, under the
+watcher that kills its processes should this one die) with `QUIET`'s
+options, and stopped by its ``shutdown``.  So a RaySession and the plain
+actors it is measured against always meet the same kind of Ray, whichever
+of them started it.  (``log_to_driver`` is off in all of them: with it on,
+the default of a RaySession, the driver takes every line Ray's log monitor
+forwards -- the actors' output, and the marks Ray prints when an actor
+starts -- which the table should not show.)
+
 A measurement that fails is an error row (its traceback on stderr) and
 the others still run; without Ray every row is skipped.  Ray is imported
 only when the section runs, so bench.py imports this module anywhere.
@@ -77,22 +89,36 @@ def _failed(what, keys, exc):
 
 # -- Ray, started once for the section --------------------------------------------
 
+#: ``ray.init`` options of every Ray the benchmarks start, on top of
+#: what RaySession's ``connect`` gives a Ray it starts: quiet, as the
+#: actors' output would interleave with the table
+QUIET = {"log_to_driver": False}
+
+
 def _start_ray(ray):
-    """A local Ray sized to this machine, quiet: the actors' output would
-    interleave with the table.  This module's actor class travels by
-    value: a worker started from another directory cannot import it."""
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False,
-             configure_logging=False, log_to_driver=False)
+    """A local Ray started as a RaySession starts its own (see the module
+    docstring), quiet.  This module's actor class travels by value: a
+    worker started from another directory cannot import it."""
+    from localcluster.sessions.ray import connect
+    if not connect(**QUIET):
+        raise RuntimeError("Ray was already initialised in this process")
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.cloudpickle.register_pickle_by_value(benchlib)
 
 
+def stop_ray():
+    """Stop the Ray `_start_ray` (or a RaySession) started, and its
+    watcher."""
+    from localcluster.sessions.ray import shutdown
+    shutdown()
+
+
 def _stop_ray(ray):
-    """``ray.shutdown()``, then a bounded wait for every process Ray
-    started here: a worker its raylet left behind is no longer this
-    process's descendant, so bench's leftovers() would not see it."""
+    """`stop_ray`, then a bounded wait for every process Ray started
+    here: a worker its raylet left behind is no longer this process's
+    descendant, so bench's leftovers() would not see it."""
     procs = psutil.Process().children(recursive=True)
-    ray.shutdown()
+    stop_ray()
     reap(procs, "ray.shutdown()")
 
 

@@ -4,10 +4,10 @@
 
     NodeActor (max_concurrency=2: a cancel arrives during a run)
       runtime: NodeRuntime(name, channel_factory=actor_channels, faults)
-      run((rid, plan id, trace, epoch, channels, conditions),
-          plan bytes | None)    (sent as an object-store ref: Ray hands
-          the actor the bytes) -> ("ok", outputs, trace) | ("error",
-          error_info)
+      run(pickled (rid, plan id, trace, epoch, conditions), plan bytes
+          | None (sent as an object-store ref: Ray hands the actor the
+          bytes), channels | None) -> ("ok", outputs, trace), pickled
+          when its outputs are small (`_raywire`) | ("error", error_info)
       cancel(rid) / fetch / feed / blobs / has / ray_node (where it runs)
       reset(name, faults, book, logs, driver pid) -> pid: a pooled actor
           becomes another node, with an empty workspace and no plans
@@ -41,6 +41,7 @@ from ..runtime.host import NodeRuntime
 from ..runtime.procstats import process_stats
 from . import _outroute as route
 from . import _protocol as P
+from . import _raywire as wire
 from ._nodelogs import LogOptions
 from ._raychannel import actor_channels
 from ._title import set_ray_title
@@ -111,13 +112,17 @@ class NodeActor:
         on another machine."""
         return process_stats()
 
-    def run(self, request, plan_bytes=None):
-        """``request``: ``(rid, plan id, trace, epoch, channels,
-        conditions)`` -- one argument, as Ray serializes each separately;
-        ``plan_bytes``: the plan, if this actor does not keep it yet (the
-        driver passes a reference to the object store, shared by the
-        actors it sends the plan to; Ray resolves it to the bytes)."""
-        rid, plan_id, trace, epoch, channels, conditions = request
+    def run(self, request, plan_bytes=None, channels=None):
+        """``request``: ``(rid, plan id, trace, epoch, conditions)``
+        pickled (`_raywire`: one raw buffer, which Ray moves without its
+        own serialization); ``plan_bytes``: the plan, if this actor does
+        not keep it yet (the driver passes a reference to the object
+        store, shared by the actors it sends the plan to; Ray resolves it
+        to the bytes); ``channels``: the run's queues between nodes
+        (``{queue id: (channel actor, run, readers)}``), None if it has
+        none -- actor handles, which only Ray's serialization passes on.
+        A reply whose outputs are small is pickled too."""
+        rid, plan_id, trace, epoch, conditions = wire.unpack(request)
         set_ray_title(*self.title)   # again, should Ray have reset it
         try:
             if plan_bytes is not None:
@@ -128,14 +133,21 @@ class NodeActor:
                 self.runtime.load(plan_id, plan)
             # queues between nodes: the run's channel actors; within the
             # node: in-process channels, new every run
-            result = self.runtime.run(rid, plan_id, (channels, {}), trace,
-                                      epoch=epoch, conditions=conditions)
+            result = self.runtime.run(rid, plan_id, (channels or {}, {}),
+                                      trace, epoch=epoch,
+                                      conditions=conditions)
         except BaseException as exc:  # noqa: BLE001 - sent to the driver
             return ("error", P.error_info(exc))
         finally:
             if self.log is not None:
                 route.flush_default()   # a line the run left unended
-        return ("ok", result.outputs, result.trace)
+        reply = ("ok", result.outputs, result.trace)
+        if wire.array_bytes(result.outputs.values()) <= wire.SMALL:
+            try:
+                return wire.pack(reply)
+            except Exception:  # noqa: BLE001 - Ray's own pickling then
+                pass
+        return reply
 
     def cancel(self, rid):
         self.runtime.cancel(rid)

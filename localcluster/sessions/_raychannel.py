@@ -17,11 +17,14 @@ records moved in batches.
       wakes every waiter, which answers "aborted": the node raises Cancelled
 
 One remote call per record each way cost about a millisecond a record.
-Now a writer's `put` copies the record into a local buffer and returns;
-a flusher thread sends everything buffered in one call while the next
-records gather, so a batch is as large as what came during the last call
-(latency: one round trip) and the writer is never more than about two
-capacities ahead of the readers (its buffer, and the channel).  A reader
+Now a writer's `put` copies the record into a local buffer and returns
+(a small record pickled into bytes, `_raywire`: Ray moves those as they
+are, where it would serialize each field of each record on its own path);
+a flusher thread (one per writer, kept while records come) sends
+everything buffered in one call while the next records gather, so a
+batch is as large as what came during the last call (latency: one round
+trip) and the writer is never more than about two capacities ahead of
+the readers (its buffer, and the channel).  A reader
 asks for the records it needs and takes up to BATCH that are there, kept
 for its next `get`s.  `close()` (the writer's commit) first waits until
 what the writer buffered is in the channel, so readers see every record
@@ -57,11 +60,14 @@ import ray
 from ..errors import Cancelled
 from ..runtime.clock import REAL_TIME, metered
 from ..runtime.host import local_channels
+from ._raywire import SMALL, array_bytes, pack, unpack
 
 __all__ = ["ChannelActor", "RayChannel", "actor_channels", "BATCH"]
 
 #: records a reader takes at most in one call
 BATCH = 256
+#: seconds a writer's flusher waits for more records before it ends
+IDLE = 0.05
 
 
 class ChannelActor:
@@ -169,6 +175,7 @@ class RayChannel:
         self._cond = threading.Condition()
         self._pending = collections.deque()   # put, not yet sent
         self._sending = False                 # the flusher runs
+        self._ended = False                   # the writer is done
         self._state = None                    # None, "closed", "aborted"
         self._inbox = collections.deque()     # taken, not yet handed out
 
@@ -182,7 +189,13 @@ class RayChannel:
 
     def put(self, record, cancelled=None, clock=REAL_TIME):
         # the writer's blobs change after this: the channel keeps a copy
-        copy = tuple(np.array(f, copy=True) for f in record)
+        # -- a small record's pickled (one raw buffer for Ray to move, not
+        # an out-of-band buffer per field), a big one's its arrays
+        record = tuple(np.asarray(f) for f in record)
+        if array_bytes(record) <= SMALL:
+            copy = pack(record)
+        else:
+            copy = tuple(np.array(f, copy=True) for f in record)
         with self._cond:
             clock.wait(self._cond, until=lambda: (
                 self._state is not None or
@@ -199,12 +212,18 @@ class RayChannel:
                 self._sending = True
                 threading.Thread(target=self._flush, daemon=True,
                                  name=f"queue {self.name} flusher").start()
+            else:
+                self._cond.notify_all()     # a flusher waiting for more
             return True
 
     def _flush(self):
-        """Send what is pending, a batch a call, until nothing is."""
+        """Send what is pending, a batch a call, until nothing is for
+        IDLE seconds (or the writer is done): a writer that puts again
+        meanwhile wakes this thread instead of starting another."""
         while True:
             with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._ended or
+                                    self._state is not None, timeout=IDLE)
                 if not self._pending or self._state is not None:
                     self._sending = False
                     self._cond.notify_all()
@@ -234,8 +253,11 @@ class RayChannel:
         ray.get(self._handle.writer_ended.remote(self._run))
 
     def _sent(self):
-        """Wait until what this writer put is in the channel actor."""
+        """Wait until what this writer put is in the channel actor (the
+        writer is done: its flusher ends)."""
         with self._cond:
+            self._ended = True
+            self._cond.notify_all()
             self._cond.wait_for(lambda: not self._sending or
                                 self._state is not None)
             if self._state == "aborted":
@@ -259,10 +281,12 @@ class RayChannel:
                 n - len(self._inbox), self._most))
             if status == "aborted":
                 self._cancelled()
-            # Ray hands arrays over as read-only views of its object
-            # store: the workspace gets arrays of its own
-            self._inbox.extend(tuple(np.array(f, copy=True) for f in r)
-                               for r in records)
+            # a small record unpickles into arrays of its own; Ray hands
+            # a big one's over as read-only views of its object store:
+            # the workspace gets copies
+            self._inbox.extend(
+                unpack(r) if isinstance(r, bytes) else
+                tuple(np.array(f, copy=True) for f in r) for r in records)
         records = [self._inbox.popleft()
                    for _ in range(min(n, len(self._inbox)))]
         return records, not records, None

@@ -14,6 +14,7 @@ import ray
 
 from ..errors import PlanError, RunTimeoutError
 from . import _protocol as P
+from . import _raywire as wire
 from . import driver
 from ._rayoptions import unimportable
 
@@ -63,6 +64,7 @@ class RayRunIO(driver.RunIO):
             reply = reply if reply is not None else ray.get(ref)
         except ray.exceptions.RayActorError as exc:
             return (driver.DIED, node, self.session._died(node, exc))
+        reply = wire.unpack(reply)   # a reply with small outputs: pickled
         if reply[0] == "error":
             error = P.rebuild_error(node, reply[1])
             if isinstance(error, PlanError):

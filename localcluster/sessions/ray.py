@@ -5,8 +5,8 @@
     RaySession (driver)                        Ray actor per node
       run(group)                               NodeActor (max_concurrency=2)
         plans packed once (_prepare.Prepared)    runtime: NodeRuntime
-        run.remote((rid, plan id, ...),          run(): unpack the plan if
-                   plan ref | None) ----------->   sent, NodeRuntime.run
+        run.remote(pickled (rid, plan id,        run(): unpack the plan if
+                   ...)[, plan ref, channels]) ->  sent, NodeRuntime.run
         driver.drive(state, _RayRunIO)             -> ("ok", outputs) or
           io.wait: ray.wait on the run refs           ("error", error_info)
           io.cancel: cancel.remote(rid)  ------>   cancel(): on the 2nd thread
@@ -64,6 +64,7 @@ from ..plan.node_plan import process_options
 from ..plan.validate import feedable
 from ..runtime.faults import faults_of_node
 from ..task import Cluster
+from . import _raywire as wire
 from . import driver
 from ._prepare import Prepared, must_send
 from ._rayactors import BookActor, NodeActor
@@ -391,9 +392,15 @@ class RaySession(Session):
                 send = stored.get(plan_id)
                 if send is None:
                     send = stored[plan_id] = ray.put(payload)
-            request = (rid, plan_id, self.trace_steps, self.current_epoch,
-                       channels, (self.run_conditions or {}).get(plan.node))
-            ref = node.actor.run.remote(request, send)
+            request = wire.pack((rid, plan_id, self.trace_steps,
+                                 self.current_epoch, (self.run_conditions
+                                                      or {}).get(plan.node)))
+            if channels:
+                ref = node.actor.run.remote(request, send, channels)
+            elif send is not None:
+                ref = node.actor.run.remote(request, send)
+            else:   # a run's usual call: one argument, raw bytes
+                ref = node.actor.run.remote(request)
             refs[ref] = plan.node
         io = RayRunIO(self, refs)
         state = driver.start(list(refs.values()), rid, time.monotonic(),

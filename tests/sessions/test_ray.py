@@ -170,6 +170,39 @@ def test_a_prototypes_plan_is_packed_and_handed_to_ray_once(session,
     assert [int(v) for v in out.fetch()] == [4, 14, 24, 34]
 
 
+def test_a_warm_run_is_one_call_of_raw_bytes_each_way_per_node(session,
+                                                              monkeypatch):
+    """A run of nodes that keep its plan and use no queue between nodes
+    sends each actor one argument, its request pickled -- bytes, which
+    Ray moves without its own serialization -- and a reply with small
+    outputs comes back pickled too; a big output stays Ray's arrays."""
+    calls = []
+    call = ray.actor.ActorMethod.remote
+
+    def recording_call(method, *args, **kwargs):
+        ref = call(method, *args, **kwargs)
+        if getattr(method, "_method_name", None) == "run":
+            calls.append((args, ref))
+        return ref
+
+    with TaskGroup(WorkspaceType.GLOBAL) as group:
+        with Node("a"), Task() as small:
+            ops.ConstantFill([], ["s"], shape=[4], value=2.0)
+            small.add_output("s")
+        with Node("b"), Task() as big:
+            ops.ConstantFill([], ["l"], shape=[1 << 14], value=3.0)
+            out = big.add_output("l")
+    session.run(group, timeout=60)   # sends the plans
+    monkeypatch.setattr(ray.actor.ActorMethod, "remote", recording_call)
+    session.run(group, timeout=60)
+    assert len(calls) == 2
+    assert all(len(args) == 1 and isinstance(args[0], bytes)
+               for args, _ in calls)
+    replies = sorted((type(ray.get(ref)) for _, ref in calls), key=str)
+    assert replies == [bytes, tuple]
+    assert float(out.fetch()[-1]) == 3.0
+
+
 def test_a_killed_actor_is_a_node_failure_and_restarts_empty(session):
     group, _ = two_nodes()
     session.run(group)

@@ -14,6 +14,7 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 from localcluster.errors import Cancelled  # noqa: E402
 from localcluster.sessions._raychannel import (ChannelActor,  # noqa: E402
                                                RayChannel)
+from localcluster.sessions._raywire import SMALL  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +112,20 @@ def test_records_are_copies_taken_at_put(channel):
     [record], _, _ = reader.get(1)
     assert record[0].tolist() == [0.0, 0.0, 0.0]
     record[0][0] = 1.0                # the reader's copy is its own
+
+
+def test_a_small_record_crosses_as_one_buffer_a_big_one_as_arrays(channel):
+    """A small record reaches the channel actor pickled, one raw buffer
+    Ray moves as it is (not an out-of-band buffer per field, each on
+    Ray's own serialization path); a big one as its arrays, which Ray
+    passes without the copies pickling would add."""
+    writer, _ = channel(4)
+    writer.put((np.zeros(3), np.ones(2)))
+    writer.put((np.zeros(SMALL // 8 + 1),))
+    writer.close()
+    status, held = ray.get(writer._handle.get_many.remote(2, 2))
+    assert status == "ok"
+    assert [type(r) for r in held] == [bytes, tuple]
 
 
 def test_several_writers_and_readers_see_each_record_once(channel):
