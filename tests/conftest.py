@@ -71,16 +71,6 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=dropped)
         gone = set(map(id, dropped))
         items[:] = [item for item in items if id(item) not in gone]
-    # Split over workers (``-n 2``, README's command), every test that
-    # runs Ray -- the ray leg of the session matrix, and every test of a
-    # module that starts or counts Ray's processes itself -- goes to one
-    # worker, in its collection order: one Ray runs at a time on the
-    # machine, shared as when the suite runs in one process.
-    ray = pytest.mark.xdist_group("ray")
-    for item in items:
-        module = getattr(item, "module", None)
-        if on_ray(item) or (module is not None and _touches_ray(module)):
-            item.add_marker(ray)
 
 
 #: one local Ray the modules that run the ray kind share: started by the
@@ -151,9 +141,8 @@ def _expose(pool):
 def ray_for_test(request, ray_pool):
     """Start the shared Ray for a test under the ray kind, if it is not up
     (before the test's leak check looks: see `no_leaks`).  Started here,
-    not for every module that has such tests: split over workers, a
-    module's ray leg runs on one worker and its other tests on another,
-    which needs no Ray."""
+    not for every module that has such tests: a run that selects none of
+    a module's ray leg (``-k``, a node id) starts no Ray for it."""
     if on_ray(request.node) and RAY["pool"] is None:
         _expose(_shared_ray())
 
