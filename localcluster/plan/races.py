@@ -534,17 +534,24 @@ def group_races(plans, known=None):
     Returns ``(races, persisted)``: the `Race` list, and ``{node: blob
     names}`` the run reads or writes in the node's own workspace (what a
     GLOBAL group leaves there for the next)."""
+    walk, order = _walk_of(plans, known)
+    persisted = {}
+    for event in walk.events:
+        if event.scope.depth == 0:
+            persisted.setdefault(event.node, set()).add(event.name)
+    return _races(walk, order), persisted
+
+
+def _walk_of(plans, known):
+    """The walk of a group run's plans and the order among its events
+    (what `group_races` and `switch_points` both start from)."""
     known = known or {}
     walk = _Walk()
     for node, step in plans:
         walk.node(node, step, known.get(node, ()))
     order = _Order(walk)
     _promote(walk, order)
-    persisted = {}
-    for event in walk.events:
-        if event.scope.depth == 0:
-            persisted.setdefault(event.node, set()).add(event.name)
-    return _races(walk, order), persisted
+    return walk, order
 
 
 # -- switch points ---------------------------------------------------------------
@@ -590,12 +597,7 @@ def switch_points(plans, known=None):
     (partial-order reduction) and saves a decision that could only give
     an equivalent interleaving.  Nodes share no blob: branches of
     different nodes meet only in queues."""
-    known = known or {}
-    walk = _Walk()
-    for node, step in plans:
-        walk.node(node, step, known.get(node, ()))
-    order = _Order(walk)
-    _promote(walk, order)
+    walk, order = _walk_of(plans, known)
     found = {}
 
     def mark(event):

@@ -432,13 +432,9 @@ class ShmChannel:
         record the ring holds (a lock and the shared words once), so a
         reader that looks at no record alone moves them in bulk."""
         want = max(1, int(n))
-        taken, slots = self._taken, []
+        slots = []
         try:
-            while len(slots) < want:
-                try:
-                    slots.append(taken.popleft())
-                except IndexError:
-                    break
+            self._pop_taken(want, slots)
             if not slots:
                 patience = None
                 while not self._take_records(1, slots) and not slots:
@@ -447,11 +443,7 @@ class ShmChannel:
                             self._consumer_patience, 1)
                     self._sleep(WAIT_CONSUMERS, self._full, patience,
                                 cancelled, CONSUMER_SLEEPS)
-                while len(slots) < want:
-                    try:
-                        slots.append(taken.popleft())
-                    except IndexError:
-                        break
+                self._pop_taken(want, slots)
             views = self._segments.reader_views
             records = [views(slot) for slot in slots]
         except BaseException:
@@ -460,6 +452,13 @@ class ShmChannel:
         if records:
             return records, False, functools.partial(self._release, slots)
         return [], True, None
+
+    def _pop_taken(self, want, slots):
+        """Add to ``slots`` the records already taken from the ring, until
+        it holds ``want``."""
+        taken = self._taken
+        while taken and len(slots) < want:
+            slots.append(taken.popleft())
 
     def _take_records(self, want, slots):
         """Add records' slots to ``slots``, ``want`` in all -- or what is
