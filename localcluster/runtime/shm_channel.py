@@ -408,42 +408,29 @@ class ShmChannel:
                 return [record], False, functools.partial(self._release,
                                                           slots)
         want = max(1, int(n))
-        slots = []
-        try:
-            patience = None
-            while not self._take_records(want, slots) and len(slots) < want:
-                if patience is None:
-                    patience = functools.partial(self._consumer_patience,
-                                                 want)
-                self._sleep(WAIT_CONSUMERS, self._full, patience, cancelled,
-                            CONSUMER_SLEEPS)
-            views = self._segments.reader_views
-            records = [views(slot) for slot in slots]
-        except BaseException:
-            self._release(slots)
-            raise
-        if records:
-            return records, False, functools.partial(self._release, slots)
-        return [], True, None
+        return self._read(want, want, cancelled)
 
     def get_available(self, n, cancelled=None, clock=None):
         """Up to ``n`` of the records queued now, waiting for one only:
         ``(records, finished, done)`` as `get`.  One call takes every
         record the ring holds (a lock and the shared words once), so a
         reader that looks at no record alone moves them in bulk."""
-        want = max(1, int(n))
+        return self._read(max(1, int(n)), 1, cancelled)
+
+    def _read(self, want, least, cancelled):
+        """Wait for ``least`` records (or the close), then take up to
+        ``want`` of those queued: `get` and `get_available`."""
         slots = []
         try:
+            patience = None
+            while not self._take_records(least, slots) and \
+                    len(slots) < least:
+                if patience is None:
+                    patience = functools.partial(self._consumer_patience,
+                                                 least)
+                self._sleep(WAIT_CONSUMERS, self._full, patience, cancelled,
+                            CONSUMER_SLEEPS)
             self._pop_taken(want, slots)
-            if not slots:
-                patience = None
-                while not self._take_records(1, slots) and not slots:
-                    if patience is None:
-                        patience = functools.partial(
-                            self._consumer_patience, 1)
-                    self._sleep(WAIT_CONSUMERS, self._full, patience,
-                                cancelled, CONSUMER_SLEEPS)
-                self._pop_taken(want, slots)
             views = self._segments.reader_views
             records = [views(slot) for slot in slots]
         except BaseException:
@@ -488,11 +475,7 @@ class ShmChannel:
                 taken.extend([words[ring + i % capacity]
                               for i in range(head, tail)])
                 words[HEAD] = tail
-            while len(slots) < want:
-                try:
-                    slots.append(taken.popleft())
-                except IndexError:
-                    break
+            self._pop_taken(want, slots)
             left = taken or words[TAIL] > tail
             if left or closed:
                 if words[WAIT_CONSUMERS]:
