@@ -487,12 +487,17 @@ def _queue_op_types(group):
                   if op.type in ("DequeueRecords", "DrainRecords"))
 
 
+def _write_one_record(queue):
+    """A task on node ``w`` that writes one record into ``queue``."""
+    with Node("w"), Task():
+        queue.writer().write_record(ops.net(), {
+            "x": ops.ConstantFill([], shape=[1], value=1.0)})
+
+
 def test_a_pipe_that_looks_at_no_record_drains_its_queue_in_one_op():
     with TaskGroup() as tg:
         queue = Queue(8)
-        with Node("w"), Task():
-            queue.writer().write_record(ops.net(), {
-                "x": ops.ConstantFill([], shape=[1], value=1.0)})
+        _write_one_record(queue)
         with Node("r"):
             pipe(queue, processor=lambda record: None)
     assert _queue_op_types(tg) == ["DrainRecords"]
@@ -507,9 +512,7 @@ def test_a_pipe_that_looks_at_its_records_reads_them_one_read_at_a_time(
         processor):
     with TaskGroup() as tg:
         queue = Queue(8)
-        with Node("w"), Task():
-            queue.writer().write_record(ops.net(), {
-                "x": ops.ConstantFill([], shape=[1], value=1.0)})
+        _write_one_record(queue)
         with Node("r"):
             pipe(queue, processor=processor)
     assert _queue_op_types(tg) == ["DequeueRecords"]
@@ -518,9 +521,7 @@ def test_a_pipe_that_looks_at_its_records_reads_them_one_read_at_a_time(
 def test_a_limited_or_final_output_pipe_does_not_drain():
     with TaskGroup() as tg:
         queue = Queue(8)
-        with Node("w"), Task():
-            queue.writer().write_record(ops.net(), {
-                "x": ops.ConstantFill([], shape=[1], value=1.0)})
+        _write_one_record(queue)
         with Node("r"):
             pipe(ReaderWithLimit(queue.reader(), 3),
                  processor=lambda record: None)
