@@ -93,32 +93,24 @@ class LocalChannel:
         only lend their records (`ShmChannel`).
         """
         n = max(1, int(n))
-        with self._cond:
-            while not self._closed and len(self._items) < n:
-                self._check(cancelled)
-                clock.wait(self._cond, until=lambda: (
-                    self._closed or len(self._items) >= n or
-                    self._stopped(cancelled)),
-                    what=f"{n} record(s) from queue {self.name!r} (it "
-                         f"holds {len(self._items)}, open)")
-            self._check(cancelled)
-            take = min(n, len(self._items))
-            records = [self._items.popleft() for _ in range(take)]
-            self._cond.notify_all()
-            return records, not records, None
+        return self._read(n, n, cancelled, clock)
 
     def get_available(self, n, cancelled=None, clock=REAL_TIME):
         """Up to ``n`` of the records queued now, waiting for one only
         (or the close); ``(records, finished, done)`` as `get`."""
-        n = max(1, int(n))
+        return self._read(max(1, int(n)), 1, cancelled, clock)
+
+    def _read(self, n, least, cancelled, clock):
+        """Wait for ``least`` records (or the close), then take up to
+        ``n``: `get` and `get_available`."""
         with self._cond:
-            while not self._closed and not self._items:
+            while not self._closed and len(self._items) < least:
                 self._check(cancelled)
                 clock.wait(self._cond, until=lambda: (
-                    self._closed or self._items or
+                    self._closed or len(self._items) >= least or
                     self._stopped(cancelled)),
-                    what=f"a record from queue {self.name!r} (it is empty, "
-                         "open)")
+                    what=f"{least} record(s) from queue {self.name!r} (it "
+                         f"holds {len(self._items)}, open)")
             self._check(cancelled)
             take = min(n, len(self._items))
             records = [self._items.popleft() for _ in range(take)]
