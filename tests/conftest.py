@@ -3,11 +3,15 @@
 The suite uses the project's own pytest plugin (`localcluster.testing.
 pytest_plugin`, which installing the package registers through its
 ``pytest11`` entry point -- README's test command installs it): its
-session kinds make the matrix, and its leak check runs after every test.  Every test that takes the ``session`` fixture
-runs once per session kind -- the shared suite that pins the semantics
-every session must have.  The autouse ``no_leaks`` fixture fails a test
+session kinds make the matrix, and its leak check runs after every
+test.  Every test that takes the ``session`` fixture runs once per
+session kind -- the shared suite that pins the semantics every session
+must have.  The autouse ``no_leaks`` fixture fails a test
 that leaves a child process, a shared-memory segment or a session's
-descriptor behind.
+descriptor behind.  README's command runs the suite on two workers
+(``-n 2``, pytest-xdist: `pytest_xdist_make_scheduler`); each worker is a
+process of its own, with its own shared Ray, and the leak checks look at
+the worker's own children, segments and descriptors.
 """
 
 import contextlib
@@ -23,7 +27,6 @@ from hypothesis import HealthCheck, settings
 from localcluster import Cluster, LocalHostScheduler, LocalSession, context
 from localcluster.testing.pytest_plugin import (Snapshot, leaks_since,
                                                 live_children, on_ray,
-                                                runs_ray,
                                                 session_kinds, warm_ray)
 
 pytest_plugins = ["pytester"]
@@ -73,11 +76,46 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if id(item) not in gone]
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``-n N`` (README's command): each test is a unit of work the
+    next free worker takes, but a module marked ``own_ray`` goes whole to
+    one worker -- it starts a Ray of its own for the module, once.  (A
+    worker starts the shared Ray of the ray kind for itself; two Rays
+    started by ``ray.init`` never join each other.)  Another ``--dist``
+    is xdist's own."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    root = str(config.rootpath)
+
+    class TestsOrWholeRayModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            module = nodeid.split("::", 1)[0]
+            return module if _owns_ray(os.path.join(root, module)) \
+                else nodeid
+
+    return TestsOrWholeRayModules(config, log)
+
+
+@functools.lru_cache(maxsize=None)
+def _owns_ray(path):
+    """Whether the test module at ``path`` is marked ``own_ray`` (read
+    from its source: the workers' controller collects nothing)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return re.search(r"pytest\.mark\.own_ray\b", f.read()) \
+                is not None
+    except OSError:
+        return False
+
+
 #: one local Ray the modules that run the ray kind share: started by the
 #: first of them, kept up for the next (a start takes about 3 s; one per
-#: module was 23 starts a run), shut down before a module that touches
-#: Ray itself (it starts its own, or counts on none running) and at the
-#: end of the run
+#: module was 23 starts a run), shut down before a module marked
+#: ``own_ray`` (it calls ``ray.init`` in this process, which Ray allows
+#: once) and at the end of the run
 _SHARED = {"stack": None, "pool": None}
 
 
@@ -97,17 +135,6 @@ def _stop_shared_ray():
         stack.close()
 
 
-@functools.lru_cache(maxsize=None)
-def _touches_ray(module):
-    """Whether ``module``'s source names Ray (its own, or a command line
-    that starts one): a shared Ray must not be up under it."""
-    try:
-        with open(module.__file__, encoding="utf-8") as f:
-            return re.search(r"\bray\b", f.read()) is not None
-    except (OSError, TypeError):
-        return True
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _shared_ray_ends():
     yield
@@ -120,10 +147,11 @@ def ray_pool(request):
     and its pool of warm node actors the sessions take and give back
     (starting an actor takes most of a second); it is started by the
     module's first test under the ray kind (`ray_for_test`) and stopped
-    before a module that touches Ray itself.  While it is up, Ray's
-    processes and the pool's actors are no test's leak, in any module."""
-    if _touches_ray(request.module) and \
-            not runs_ray(request.module, request.session.items):
+    before a module marked ``own_ray``.  While it is up, Ray's processes
+    and the pool's actors are no test's leak, in any module.  (A module
+    whose commands start a Ray in a child process needs no mark: that Ray
+    is the child's, and ``ray.init`` never joins another by itself.)"""
+    if request.node.get_closest_marker("own_ray") is not None:
         _stop_shared_ray()
     _expose(_SHARED["pool"])
     try:

@@ -8,6 +8,7 @@ import pytest
 
 from localcluster import (Cluster, Net, Node, PlanError, Task, TaskGroup,
                           WorkspaceType, ops, printer)
+from localcluster.context import fresh_names
 
 
 def build_job():
@@ -31,7 +32,10 @@ def test_building_the_same_job_twice_gives_the_same_names():
 
 
 def test_the_same_job_gets_the_same_names_in_a_new_process():
-    tg, total = build_job()
+    # as a fresh process would name it: a different job an earlier test
+    # of this process keeps alive would rightly suffix its names
+    with fresh_names():
+        tg, total = build_job()
     code = textwrap.dedent("""
         import sys
         sys.path.insert(0, %r)

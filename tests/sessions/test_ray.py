@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -14,6 +15,9 @@ import psutil
 import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+
+#: the module starts a Ray in this process (`ray_instance`)
+pytestmark = pytest.mark.own_ray
 
 from localcluster import (CheckpointError, CheckpointWarning,  # noqa: E402
                           Cluster, Job, JobRunner,
@@ -551,9 +555,11 @@ def test_node_stats_are_read_by_each_actor(session):
 
 def test_a_nodes_output_reaches_the_driver_prefixed_with_its_name(tmp_path):
     # in a process of its own, with a Ray that sends workers' output to
-    # the driver; the pooled actor was another node before
+    # the driver; the pooled actor was another node before.  The driver
+    # stays up until the line has come through (Ray's log monitor
+    # forwards it a moment later), or until the test's bound
     code = """if True:
-        import time, numpy as np
+        import sys, numpy as np
         from localcluster import Node, Task, TaskGroup, ops
         from localcluster.sessions.ray import ActorPool, RaySession
         with RaySession(num_cpus=1), ActorPool() as pool:
@@ -564,15 +570,30 @@ def test_a_nodes_output_reaches_the_driver_prefixed_with_its_name(tmp_path):
                     ops.Print([ops.Const(np.array(42), name="answer")], [])
             with RaySession(pool=pool) as second:
                 second.run(group)
-                time.sleep(3)   # Ray's log monitor forwards it in time
+                print("ran", flush=True)
+                sys.stdin.readline()   # the test has seen the line
         """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                          text=True, timeout=120, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line for line in (done.stdout + done.stderr).splitlines()
-             if "answer: 42" in line]
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    bound = threading.Timer(45, proc.kill)
+    bound.start()
+    seen, lines = [], []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "answer: 42" in line:
+                lines.append(line)
+                proc.stdin.close()   # enough: the driver may end
+        proc.wait(60)
+    finally:
+        bound.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, "".join(seen)[-3000:]
     assert lines and all("(trainer_7 pid=" in line for line in lines), \
-        lines or done.stdout[-2000:]
+        lines or "".join(seen)[-2000:]
 
 
 def test_the_import_error_names_the_extra():

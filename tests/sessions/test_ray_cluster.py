@@ -15,13 +15,13 @@ below does it ahead of the leak check's snapshot: the new Ray node's
 processes are the module's, not a leak of the next test).
 
 Ray allows one ``ray.init`` per process: the driver here connects to this
-module's cluster, and no test here takes the shared suite's ``session``
-fixture, so conftest's ``ray_pool`` (the local Ray of a module that runs
-the ray kind) stays down while this module runs.  The cluster keeps its
-files, and the address a plain ``ray.init()`` would join, in a directory
-of its own (``RAY_TMPDIR``): another Ray on this machine never sees it;
-and its processes die with this one however it ends (the watcher a
-RaySession puts on a Ray it starts, `_raywatch`).
+module's cluster, no test here takes the shared suite's ``session``
+fixture, and the module is marked ``own_ray``, so conftest's shared Ray
+(of the modules that run the ray kind) is down while it runs.  The
+cluster keeps its files, and the address a plain ``ray.init()`` would
+join, in a directory of its own (``RAY_TMPDIR``): another Ray on this
+machine never sees it; and its processes die with this one however it
+ends (the watcher a RaySession puts on a Ray it starts, `_raywatch`).
 """
 
 import os
@@ -47,8 +47,9 @@ from localcluster.sessions.ray import RaySession  # noqa: E402
 from localcluster.testing.pytest_plugin import (Snapshot,  # noqa: E402
                                                 leaks_since)
 
-#: each test's bound: the first one starts the cluster too
-pytestmark = pytest.mark.timeout(120)
+#: each test's bound (the first one starts the cluster too); the module
+#: connects this process to a Ray of its own
+pytestmark = [pytest.mark.timeout(120), pytest.mark.own_ray]
 
 #: worker Ray nodes with one zone_b each
 ZONE_B = 3
@@ -116,7 +117,10 @@ def wait_for(condition, what, seconds=PATIENCE):
 
 
 @pytest.fixture(scope="module")
-def zones():
+def zones(ray_pool):
+    # after conftest's ray_pool, which shuts the suite's shared Ray down
+    # before an own_ray module (this fixture is asked for by the module's
+    # autouse no_leaks: without the argument it could come first)
     if ray.is_initialized():
         pytest.fail("a Ray is initialised in this process already; this "
                     "module's driver connects to a cluster of its own",

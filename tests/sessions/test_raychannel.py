@@ -11,6 +11,9 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 
+#: the module starts a Ray in this process (`ray_instance`)
+pytestmark = pytest.mark.own_ray
+
 from localcluster.errors import Cancelled  # noqa: E402
 from localcluster.sessions._raychannel import (ChannelActor,  # noqa: E402
                                                RayChannel)
