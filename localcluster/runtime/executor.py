@@ -281,8 +281,10 @@ def _run_net_switching(net, code, get, put, ws, rc, task, step):
     """`_run_net` under a schedule: a switch point before each op that can
     interact with another branch (`switch_points`), never inside one (an
     op may hold the node's lock).  The ops between two points run as one
-    slice, and the clock is told how many ran (`Scheduler.ran`), so each
-    is charged its virtual time as if it had had a point of its own."""
+    slice -- on the interpreter the net's first time, then as the slice's
+    straight-line code (`localcluster.runtime.straight`) -- and the clock
+    is told how many ran (`Scheduler.ran`), so each is charged its
+    virtual time as if it had had a point of its own."""
     clock = rc.clock
     segments = _segments(rc, net, code)
     if not segments:
@@ -292,11 +294,11 @@ def _run_net_switching(net, code, get, put, ws, rc, task, step):
         # its straight-line code once the net has run before
         _run_net_unswitched(net, get, put, ws, rc, task, step)
         return
-    for start, pointed, part in segments:
+    for start, pointed, part, run in segments:
         if pointed:
             clock.point()
         try:
-            _run_net(net, part, get, put, ws, rc, task, step, start)
+            run(net, part, get, put, ws, rc, task, step)
         except TaskFailedError as exc:
             # ops up to the failing one started: their time is spent
             clock.ran(_failed_at(exc) - start + 1 - pointed, pointed)
@@ -331,15 +333,20 @@ def _failed_at(exc):
 
 
 def _segments(rc, net, code):
-    """``[(first op, pointed, compiled ops)]``: ``net``'s ops cut before
-    each op that gets a switch point (``pointed``); made once per net
-    and run's points (`Scheduler.points_of`), cached on ``rc``."""
+    """``[(first op, pointed, compiled ops, run)]``: ``net``'s ops cut
+    before each op that gets a switch point (``pointed``), and what runs
+    a slice (`_run_net`'s signature): the interpreter the first time,
+    from the second the slice's straight-line code (as `RunContext.runner`
+    does for a whole net); made once per net and run's points
+    (`Scheduler.points_of`), cached on ``rc``."""
     points = rc.clock.points_of(rc.node)
     cache = rc.segments
     key = id(net)
     found = cache.get(key)
     if found is not None and found[0] is code and found[1] is points:
-        return found[2]
+        if found[3] is None:
+            found[3] = _straight_segments(net, found[2])
+        return found[3]
     at = None if points is None else points.get(key, frozenset())
     faults = rc.faults
     cuts = []
@@ -349,12 +356,26 @@ def _segments(rc, net, code):
         if pointed or not cuts:
             cuts.append((index, pointed))
     ends = [c[0] for c in cuts[1:]] + [len(code)]
-    segments = [(first, pointed, code[first:end])
+    segments = [(first, pointed, code[first:end],
+                 functools.partial(_run_net, first=first))
                 for (first, pointed), end in zip(cuts, ends)]
     if len(cache) >= RunContext.MAX_COMPILED:
         cache.clear()
-    cache[key] = (code, points, segments)
+    cache[key] = [code, points, segments, None]
     return segments
+
+
+def _straight_segments(net, segments):
+    """``segments`` (`_segments`) each run by its straight-line code --
+    unless the net has a single slice with no point, which runs as a
+    whole net does (`_run_net_unswitched`).  A slice's code fails as the
+    interpreter does on it: `_op_failed` naming op ``first + index``."""
+    if len(segments) == 1 and not segments[0][1]:
+        return segments
+    return [(first, pointed, part,
+             generate(net, part, functools.partial(_op_failed, first=first),
+                      store, store_lent))
+            for first, pointed, part, _ in segments]
 
 
 #: what a missing blob's error suggests when no concurrent branch is to blame
