@@ -286,15 +286,9 @@ def _run_net_switching(net, code, get, put, ws, rc, task, step):
     is told how many ran (`Scheduler.ran`), so each is charged its
     virtual time as if it had had a point of its own."""
     clock = rc.clock
-    segments = _segments(rc, net, code)
-    if not segments:
-        return   # an empty net
-    if len(segments) == 1 and not segments[0][1]:
-        # no op of the net needs a point: it runs as a real run would --
-        # its straight-line code once the net has run before
-        _run_net_unswitched(net, get, put, ws, rc, task, step)
-        return
-    for start, pointed, part, run in segments:
+    # (a net none of whose ops needs a point is one slice without one: it
+    # runs as a real run would, its straight-line code from its second run)
+    for start, pointed, part, run in _segments(rc, net, code):
         if pointed:
             clock.point()
         try:
@@ -310,21 +304,6 @@ def _run_net_switching(net, code, get, put, ws, rc, task, step):
             clock.ran(1 - pointed, pointed)
             raise
         clock.ran(len(part) - pointed, pointed)
-
-
-def _run_net_unswitched(net, get, put, ws, rc, task, step):
-    """A net none of whose ops gets a switch point, under a schedule."""
-    code, run_net = rc.runner(net)
-    clock = rc.clock
-    try:
-        run_net(net, code, get, put, ws, rc, task, step)
-    except TaskFailedError as exc:
-        clock.ran(_failed_at(exc) + 1, False)
-        raise
-    except BaseException:
-        clock.ran(1, False)   # as if found at the first op's point
-        raise
-    clock.ran(len(code), False)
 
 
 def _failed_at(exc):
@@ -366,12 +345,9 @@ def _segments(rc, net, code):
 
 
 def _straight_segments(net, segments):
-    """``segments`` (`_segments`) each run by its straight-line code --
-    unless the net has a single slice with no point, which runs as a
-    whole net does (`_run_net_unswitched`).  A slice's code fails as the
-    interpreter does on it: `_op_failed` naming op ``first + index``."""
-    if len(segments) == 1 and not segments[0][1]:
-        return segments
+    """``segments`` (`_segments`) each run by its straight-line code.  A
+    slice's code fails as the interpreter does on it: `_op_failed` naming
+    op ``first + index``."""
     return [(first, pointed, part,
              generate(net, part, functools.partial(_op_failed, first=first),
                       store, store_lent))
