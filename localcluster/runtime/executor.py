@@ -288,7 +288,7 @@ def _run_net_switching(net, code, get, put, ws, rc, task, step):
     clock = rc.clock
     # (a net none of whose ops needs a point is one slice without one: it
     # runs as a real run would, its straight-line code from its second run)
-    for start, pointed, part, run in _segments(rc, net, code):
+    for start, pointed, part, run, rest in _segments(rc, net, code):
         if pointed:
             clock.point()
         try:
@@ -303,7 +303,7 @@ def _run_net_switching(net, code, get, put, ws, rc, task, step):
         except BaseException:
             clock.ran(1 - pointed, pointed)
             raise
-        clock.ran(len(part) - pointed, pointed)
+        clock.ran(rest, pointed)
 
 
 def _failed_at(exc):
@@ -312,11 +312,12 @@ def _failed_at(exc):
 
 
 def _segments(rc, net, code):
-    """``[(first op, pointed, compiled ops, run)]``: ``net``'s ops cut
-    before each op that gets a switch point (``pointed``), and what runs
-    a slice (`_run_net`'s signature): the interpreter the first time,
-    from the second the slice's straight-line code (as `RunContext.runner`
-    does for a whole net); made once per net and run's points
+    """``[(first op, pointed, compiled ops, run, rest)]``: ``net``'s ops
+    cut before each op that gets a switch point (``pointed``), what runs
+    a slice (`_run_net`'s signature) -- the interpreter the first time,
+    from the second the slice's straight-line code, as `RunContext.runner`
+    does for a whole net -- and the ops it runs past its point (``rest``,
+    `Scheduler.ran`); made once per net and run's points
     (`Scheduler.points_of`), cached on ``rc``."""
     points = rc.clock.points_of(rc.node)
     cache = rc.segments
@@ -336,7 +337,8 @@ def _segments(rc, net, code):
             cuts.append((index, pointed))
     ends = [c[0] for c in cuts[1:]] + [len(code)]
     segments = [(first, pointed, code[first:end],
-                 functools.partial(_run_net, first=first))
+                 functools.partial(_run_net, first=first),
+                 end - first - pointed)
                 for (first, pointed), end in zip(cuts, ends)]
     if len(cache) >= RunContext.MAX_COMPILED:
         cache.clear()
@@ -350,8 +352,8 @@ def _straight_segments(net, segments):
     op ``first + index``."""
     return [(first, pointed, part,
              generate(net, part, functools.partial(_op_failed, first=first),
-                      store, store_lent))
-            for first, pointed, part, _ in segments]
+                      store, store_lent), rest)
+            for first, pointed, part, _, rest in segments]
 
 
 #: what a missing blob's error suggests when no concurrent branch is to blame

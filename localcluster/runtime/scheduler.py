@@ -88,7 +88,7 @@ PARK_WAKE = 1.0
 class _Branch:
     __slots__ = ("name", "state", "gate", "until", "deadline", "what", "t",
                  "slowdown", "since", "woken", "held", "timed_out", "group",
-                 "mark", "skipped")
+                 "mark", "skipped", "joins")
 
     def __init__(self, name, t, slowdown):
         self.name = name
@@ -110,6 +110,7 @@ class _Branch:
         self.group = None     # the `_Branches` it is one of
         self.mark = t         # its time when its last op that could wake
         #                       a branch ended (see `ran`)
+        self.joins = None     # the `_Branches` its wait is the join of
         self.skipped = 0      # ops run without a point since its last
         #                       charge
 
@@ -369,13 +370,16 @@ class Scheduler:
             del self._names[at]
             del self._order[at]
 
-    def _wait(self, me, ready, timeout, what):
+    def _wait(self, me, ready, timeout, what, joins=None):
         """Park ``me`` until ``ready()`` or its timeout; True if it timed
-        out."""
+        out.  ``joins``: the `_Branches` whose end ``ready`` waits for
+        (``remaining == 0``, which only `_done` changes): `_pick` passes
+        over ``me`` without asking while some of them run."""
         with self._lock:
             self._charge(me)
             self._last = me.t
             me.state, me.until, me.what = WAITING, ready, what
+            me.joins = joins
             me.held = timeout == math.inf
             me.deadline = None if timeout is None or me.held \
                 else me.t + _ns(timeout)
@@ -384,7 +388,7 @@ class Scheduler:
                 self._switch(me)
             finally:
                 me.state, me.until, me.deadline = RUNNING, None, None
-                me.held = False
+                me.held, me.joins = False, None
             return me.timed_out
 
     def _switch(self, me):
@@ -427,6 +431,9 @@ class Scheduler:
             if state is READY:
                 at, late = b.t, False
             elif state is WAITING:
+                if b.joins is not None and b.joins.remaining and \
+                        b.deadline is None:
+                    continue   # `until` is false: its branches still run
                 try:
                     holds = b.until()
                 except Exception:  # noqa: BLE001 - the waiter looks again
@@ -468,7 +475,8 @@ class Scheduler:
                 for entry in found:
                     if entry[1] <= within:
                         tied.append(entry)
-                if len(tied) == 1:
+                if len(tied) == 1 or self.failure is not None:
+                    # no choice, or draining a failed run (`_choose`)
                     branch, at, late = tied[0]
                 else:
                     name = self._choose([entry[0].name for entry in tied])
@@ -594,7 +602,8 @@ class _Branches:
         me = getattr(s._local, "branch", None)
         if me is not None and children:
             s._wait(me, lambda: self.remaining == 0, None,
-                    f"its branches {[c.name for c in children]} to end")
+                    f"its branches {[c.name for c in children]} to end",
+                    joins=self)
         for t in self.threads:
             t.join()  # each has left the schedule: it is ending now
 
