@@ -142,3 +142,76 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_seed_makes_the_decisions_it_always_made(case):
     assert _digest(CASES[case]()) == PINNED[case]
+
+
+# -- the hand-over: a thread is woken only when the baton changes hands ------
+
+def _points_of_three_branches(schedule, opened):
+    """The decisions of three branches making 5 points each (and one of
+    them waiting for another to end first) straight on a `Scheduler`,
+    recording each branch whose gate is opened; the scheduler ends
+    closed, every thread gone."""
+    import threading
+
+    from localcluster.runtime import scheduler as scheduler_module
+
+    sched = scheduler_module.Scheduler(schedule)
+    ended = []
+    cond = threading.Condition()
+
+    def work(name):
+        for _ in range(5):
+            sched.point()
+        with cond:
+            ended.append(name)
+
+    def late():
+        with cond:
+            sched.wait(cond, until=lambda: "a" in ended, what="a to end")
+        work("c")
+
+    threads = []
+    for name, fn in (("a", lambda: work("a")), ("b", lambda: work("b")),
+                     ("c", late)):
+        branch = sched.add(name)
+        threads.append(threading.Thread(target=sched.run_as,
+                                        args=(branch, fn)))
+    real_open = scheduler_module._open
+
+    def spy(branch):
+        opened.append(branch.name)
+        real_open(branch)
+
+    scheduler_module._open = spy
+    try:
+        for thread in threads:
+            thread.start()
+        sched.kick()
+        for thread in threads:
+            thread.join(10)
+    finally:
+        scheduler_module._open = real_open
+        sched.close()
+    assert not any(thread.is_alive() for thread in threads)
+    assert sched.failure is None
+    return list(sched.decisions), ended
+
+
+@pytest.mark.parametrize("schedule", [
+    Schedule(0), Schedule(1, "pct", depth=1), Schedule(2, "pct"),
+    Schedule.switches([])])
+def test_a_branch_is_woken_only_when_the_baton_changes_hands(schedule):
+    opened = []
+    decisions, ended = _points_of_three_branches(schedule, opened)
+    assert sorted(ended) == ["a", "b", "c"] and ended.index("a") < \
+        ended.index("c")
+    # the branch that runs when the baton changes hands is woken once
+    # for it; a decision that lets the running branch go on wakes nobody
+    runs = [opened[0]]
+    for name in opened[1:]:
+        assert name != runs[-1], opened
+        runs.append(name)
+    # and the same seed gives the same decisions and the same hand-overs
+    again = []
+    assert _points_of_three_branches(schedule, again) == (decisions, ended)
+    assert again == opened
