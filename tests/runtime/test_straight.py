@@ -300,7 +300,7 @@ def test_threads_share_one_generated_function_per_net():
     assert straight.STRAIGHT_AFTER >= 2
 
 
-# -- under a schedule: the slices between switch points -------------------------
+# -- under a schedule: the slices between switch points ----------------------
 
 def _scheduled_outcome(step, shapes, cut, runs):
     """``(blobs, error, virtual end of each run)`` of ``runs`` runs of
