@@ -28,15 +28,15 @@ class CancelEvent:
 
     def __init__(self):
         self._event = threading.Event()
+        # the event's own method: every op, queue wait and scheduled
+        # decision asks, so not through a call of ours
+        self.is_set = self._event.is_set
         self._lock = threading.Lock()
         self._fd = None
         self._subscribers = []
 
     def __repr__(self):
         return f"CancelEvent({'set' if self.is_set() else 'clear'})"
-
-    def is_set(self):
-        return self._event.is_set()
 
     def wait(self, timeout=None):
         return self._event.wait(timeout)

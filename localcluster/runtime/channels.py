@@ -62,18 +62,17 @@ class LocalChannel:
         if self._aborted or (cancelled is not None and cancelled.is_set()):
             raise Cancelled("queue wait ended: the run was cancelled")
 
-    def _stopped(self, cancelled):
-        return self._aborted or (cancelled is not None and
-                                 cancelled.is_set())
-
     def put(self, record, cancelled=None, clock=REAL_TIME):
         """Enqueue ``record``; False (nothing queued) if the queue is closed."""
         with self._cond:
             while not self._closed and len(self._items) >= self.capacity:
                 self._check(cancelled)
+                # (a schedule asks at each of its decisions: no call
+                # beyond the condition's own)
                 clock.wait(self._cond, until=lambda: (
                     self._closed or len(self._items) < self.capacity or
-                    self._stopped(cancelled)),
+                    self._aborted or (cancelled is not None and
+                                      cancelled.is_set())),
                     what=f"room in queue {self.name!r} (it holds "
                          f"{self.capacity} records)")
             self._check(cancelled)
@@ -108,7 +107,8 @@ class LocalChannel:
                 self._check(cancelled)
                 clock.wait(self._cond, until=lambda: (
                     self._closed or len(self._items) >= least or
-                    self._stopped(cancelled)),
+                    self._aborted or (cancelled is not None and
+                                      cancelled.is_set())),
                     what=f"{least} record(s) from queue {self.name!r} (it "
                          f"holds {len(self._items)}, open)")
             self._check(cancelled)

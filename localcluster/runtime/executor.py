@@ -281,22 +281,18 @@ def _run_net_switching(net, code, get, put, ws, rc, task, step):
     """`_run_net` under a schedule: a switch point before each op that can
     interact with another branch (`switch_points`), never inside one (an
     op may hold the node's lock).  The ops between two points run as one
-    slice, and the clock is told how many ran (`Scheduler.ran`), so each
-    is charged its virtual time as if it had had a point of its own."""
+    slice -- on the interpreter the net's first time, then as the slice's
+    straight-line code (`localcluster.runtime.straight`) -- and the clock
+    is told how many ran (`Scheduler.ran`), so each is charged its
+    virtual time as if it had had a point of its own."""
     clock = rc.clock
-    segments = _segments(rc, net, code)
-    if not segments:
-        return   # an empty net
-    if len(segments) == 1 and not segments[0][1]:
-        # no op of the net needs a point: it runs as a real run would --
-        # its straight-line code once the net has run before
-        _run_net_unswitched(net, get, put, ws, rc, task, step)
-        return
-    for start, pointed, part in segments:
+    # (a net none of whose ops needs a point is one slice without one: it
+    # runs as a real run would, its straight-line code from its second run)
+    for start, pointed, part, run, rest in _segments(rc, net, code):
         if pointed:
             clock.point()
         try:
-            _run_net(net, part, get, put, ws, rc, task, step, start)
+            run(net, part, get, put, ws, rc, task, step)
         except TaskFailedError as exc:
             # ops up to the failing one started: their time is spent
             clock.ran(_failed_at(exc) - start + 1 - pointed, pointed)
@@ -307,22 +303,7 @@ def _run_net_switching(net, code, get, put, ws, rc, task, step):
         except BaseException:
             clock.ran(1 - pointed, pointed)
             raise
-        clock.ran(len(part) - pointed, pointed)
-
-
-def _run_net_unswitched(net, get, put, ws, rc, task, step):
-    """A net none of whose ops gets a switch point, under a schedule."""
-    code, run_net = rc.runner(net)
-    clock = rc.clock
-    try:
-        run_net(net, code, get, put, ws, rc, task, step)
-    except TaskFailedError as exc:
-        clock.ran(_failed_at(exc) + 1, False)
-        raise
-    except BaseException:
-        clock.ran(1, False)   # as if found at the first op's point
-        raise
-    clock.ran(len(code), False)
+        clock.ran(rest, pointed)
 
 
 def _failed_at(exc):
@@ -331,15 +312,21 @@ def _failed_at(exc):
 
 
 def _segments(rc, net, code):
-    """``[(first op, pointed, compiled ops)]``: ``net``'s ops cut before
-    each op that gets a switch point (``pointed``); made once per net
-    and run's points (`Scheduler.points_of`), cached on ``rc``."""
+    """``[(first op, pointed, compiled ops, run, rest)]``: ``net``'s ops
+    cut before each op that gets a switch point (``pointed``), what runs
+    a slice (`_run_net`'s signature) -- the interpreter the first time,
+    from the second the slice's straight-line code, as `RunContext.runner`
+    does for a whole net -- and the ops it runs past its point (``rest``,
+    `Scheduler.ran`); made once per net and run's points
+    (`Scheduler.points_of`), cached on ``rc``."""
     points = rc.clock.points_of(rc.node)
     cache = rc.segments
     key = id(net)
     found = cache.get(key)
     if found is not None and found[0] is code and found[1] is points:
-        return found[2]
+        if found[3] is None:
+            found[3] = _straight_segments(net, found[2])
+        return found[3]
     at = None if points is None else points.get(key, frozenset())
     faults = rc.faults
     cuts = []
@@ -349,12 +336,24 @@ def _segments(rc, net, code):
         if pointed or not cuts:
             cuts.append((index, pointed))
     ends = [c[0] for c in cuts[1:]] + [len(code)]
-    segments = [(first, pointed, code[first:end])
+    segments = [(first, pointed, code[first:end],
+                 functools.partial(_run_net, first=first),
+                 end - first - pointed)
                 for (first, pointed), end in zip(cuts, ends)]
     if len(cache) >= RunContext.MAX_COMPILED:
         cache.clear()
-    cache[key] = (code, points, segments)
+    cache[key] = [code, points, segments, None]
     return segments
+
+
+def _straight_segments(net, segments):
+    """``segments`` (`_segments`) each run by its straight-line code.  A
+    slice's code fails as the interpreter does on it: `_op_failed` naming
+    op ``first + index``."""
+    return [(first, pointed, part,
+             generate(net, part, functools.partial(_op_failed, first=first),
+                      store, store_lent), rest)
+            for first, pointed, part, _, rest in segments]
 
 
 #: what a missing blob's error suggests when no concurrent branch is to blame

@@ -68,6 +68,7 @@ op, with no switch point inside.  A Python op that blocks on something
 of its own (a lock, a socket) is outside the schedule's view.
 """
 
+import bisect
 import math
 import threading
 import time
@@ -80,19 +81,23 @@ __all__ = ["Scheduler"]
 READY, RUNNING, WAITING, DONE = "ready", "running", "waiting", "done"
 
 #: seconds a parked branch looks again if unwoken: a safety net only --
-#: handing over the baton notifies the branch that gets it
+#: handing over the baton opens the gate of the branch that gets it
 PARK_WAKE = 1.0
 
 
 class _Branch:
-    __slots__ = ("name", "state", "cond", "until", "deadline", "what", "t",
+    __slots__ = ("name", "state", "gate", "until", "deadline", "what", "t",
                  "slowdown", "since", "woken", "held", "timed_out", "group",
-                 "mark", "skipped")
+                 "mark", "skipped", "joins")
 
-    def __init__(self, name, lock, t, slowdown):
+    def __init__(self, name, t, slowdown):
         self.name = name
         self.state = READY
-        self.cond = threading.Condition(lock)
+        # a binary semaphore: held while the branch may not run; the
+        # branch that hands it the baton releases it (`_open`), the
+        # branch's own thread takes it back to park (`Scheduler._park`)
+        self.gate = threading.Lock()
+        self.gate.acquire()
         self.until = None     # what ends its wait (a callable)
         self.deadline = None  # virtual ns at which its wait times out
         self.what = None      # what it waits for, in words
@@ -105,6 +110,7 @@ class _Branch:
         self.group = None     # the `_Branches` it is one of
         self.mark = t         # its time when its last op that could wake
         #                       a branch ended (see `ran`)
+        self.joins = None     # the `_Branches` its wait is the join of
         self.skipped = 0      # ops run without a point since its last
         #                       charge
 
@@ -133,11 +139,14 @@ class Scheduler:
         self._op_sum = self._op_count = 0   # measured op costs, ns
         self._lock = threading.Lock()
         self._branches = {}   # live branches by name
+        self._names = []      # their names, sorted
+        self._order = []      # the branches in the order of ``_names``
         self._current = None  # the branch holding the baton
         self._ns = int(start_ns)   # the time of the last pick
         self._end = self._ns       # the latest time a branch ended at
         self._last = self._ns      # the time of the branch that yielded last
         self._alarms = []     # [(ns, fn)]
+        self._alarm_at = None  # the earliest alarm's ns, or None
         self._on_idle = on_idle or (lambda: None)
         self._local = threading.local()
         self._closed = False
@@ -180,14 +189,25 @@ class Scheduler:
         if me is None:
             return
         with self._lock:
-            self._charge(me)
+            if self._measured:
+                self._charge(me)
+            else:   # `_charge`, without the measuring
+                self._ran = me.name
+                me.skipped = 0
             # a branch woken by what ran since its last decision goes on
             # at the time that op ended, not later (`ran`)
             self._last = me.mark
-            me.t += int(self._op_ns * me.slowdown)
+            if self._op_ns:
+                me.t += int(self._op_ns * me.slowdown)
             me.state = READY
             try:
-                self._switch(me)
+                self._pick()
+                if self._current is not me:
+                    self._park(me)
+                else:   # it goes on: `_park` without the parking
+                    me.mark = me.t
+                    if self._measured:
+                        me.since = time.perf_counter_ns()
             finally:
                 me.state = RUNNING
 
@@ -270,6 +290,7 @@ class Scheduler:
         `kick`."""
         with self._lock:
             self._alarms.append((self._ns + _ns(seconds), fn))
+            self._alarm_at = min(a for a, _ in self._alarms)
 
     def kick(self):
         """Start the run, or go on after an alarm or a failure (once the
@@ -284,7 +305,7 @@ class Scheduler:
         with self._lock:
             self._closed = True
             for b in self._branches.values():
-                b.cond.notify_all()
+                _open(b)
 
     # -- inside -------------------------------------------------------------
 
@@ -294,8 +315,10 @@ class Scheduler:
             while f"{name}~{k}" in self._branches:
                 k += 1
             name = f"{name}~{k}"
-        branch = self._branches[name] = _Branch(name, self._lock, t,
-                                                float(slowdown))
+        branch = self._branches[name] = _Branch(name, t, float(slowdown))
+        at = bisect.bisect_left(self._names, name)
+        self._names.insert(at, name)
+        self._order.insert(at, branch)
         return branch
 
     def _charge(self, me):
@@ -309,10 +332,10 @@ class Scheduler:
             self._op_count += 1 + skipped   # the ops ``cost`` covers
             me.t += int(cost * me.slowdown)
 
-    def _window(self, name):
-        """One op's cost on branch ``name``, in ns: branches that could
-        start within it of the earliest are the schedule's choice."""
-        slowdown = self._branches[name].slowdown
+    def _window(self, branch):
+        """One op's cost on ``branch``, in ns: branches that could start
+        within it of the earliest are the schedule's choice."""
+        slowdown = branch.slowdown
         if self._measured:
             return int(self._op_sum / max(self._op_count, 1) * slowdown)
         return int(self._op_ns * slowdown)
@@ -340,15 +363,23 @@ class Scheduler:
             branch.state = DONE
             if branch.group is not None:
                 branch.group.remaining -= 1
-        self._branches.pop(branch.name, None)
+        name = branch.name
+        if self._branches.get(name) is branch:
+            del self._branches[name]
+            at = bisect.bisect_left(self._names, name)
+            del self._names[at]
+            del self._order[at]
 
-    def _wait(self, me, ready, timeout, what):
+    def _wait(self, me, ready, timeout, what, joins=None):
         """Park ``me`` until ``ready()`` or its timeout; True if it timed
-        out."""
+        out.  ``joins``: the `_Branches` whose end ``ready`` waits for
+        (``remaining == 0``, which only `_done` changes): `_pick` passes
+        over ``me`` without asking while some of them run."""
         with self._lock:
             self._charge(me)
             self._last = me.t
             me.state, me.until, me.what = WAITING, ready, what
+            me.joins = joins
             me.held = timeout == math.inf
             me.deadline = None if timeout is None or me.held \
                 else me.t + _ns(timeout)
@@ -357,7 +388,7 @@ class Scheduler:
                 self._switch(me)
             finally:
                 me.state, me.until, me.deadline = RUNNING, None, None
-                me.held = False
+                me.held, me.joins = False, None
             return me.timed_out
 
     def _switch(self, me):
@@ -366,45 +397,109 @@ class Scheduler:
         self._park(me)
 
     def _park(self, me):
-        while self._current is not me:
-            if self._closed:
-                raise Cancelled(f"branch {me.name!r} was still waiting when "
-                                "its run's schedule ended")
-            me.cond.wait(PARK_WAKE)
+        """Wait (lock held, released meanwhile) until ``me`` has the
+        baton."""
+        if self._current is not me:
+            lock, gate = self._lock, me.gate
+            while self._current is not me:
+                if self._closed:
+                    raise Cancelled(f"branch {me.name!r} was still waiting "
+                                    "when its run's schedule ended")
+                lock.release()
+                try:
+                    gate.acquire(True, PARK_WAKE)
+                finally:
+                    lock.acquire()
         me.mark = me.t
         if self._measured:
             me.since = time.perf_counter_ns()
 
     def _pick(self):
         """Give the baton to the branch that can go on earliest (the
-        schedule's choice among those tied), or go idle (lock held)."""
+        schedule's choice among those tied), or go idle (lock held).
+
+        The branches that can go on are found by one pass over the live
+        ones, in name order: ready ones at their time, waiting ones whose
+        condition holds (from when it first held, `woken`) or whose
+        timeout is due (at their deadline)."""
         self._current = None
-        keys = self._candidates()
-        if keys:
-            first, (key, _) = min(keys.items(), key=_earliest)
-            alarm = min(a for a, _ in self._alarms) if self._alarms \
-                else None
+        found = []   # [(branch, time it can go on at, by its timeout)]
+        first = None   # the earliest of them (by name among equals)
+        last = self._last
+        for b in self._order:
+            state = b.state
+            if state is READY:
+                at, late = b.t, False
+            elif state is WAITING:
+                if b.joins is not None and b.joins.remaining and \
+                        b.deadline is None:
+                    continue   # `until` is false: its branches still run
+                try:
+                    holds = b.until()
+                except Exception:  # noqa: BLE001 - the waiter looks again
+                    holds = True
+                deadline = b.deadline
+                if holds:
+                    woken = b.woken
+                    if woken is None:
+                        woken = b.woken = b.t if b.t > last else last
+                    if deadline is not None and deadline < woken:
+                        at, late = deadline, True
+                    else:
+                        at, late = woken, False
+                else:
+                    b.woken = None
+                    if deadline is None:
+                        continue
+                    at, late = deadline, True
+            else:
+                continue
+            entry = (b, at, late)
+            found.append(entry)
+            if first is None or at < first[1]:
+                first = entry
+        if first is not None:
+            key = first[1]
+            alarm = self._alarm_at
             if alarm is not None and alarm <= key:
                 self._fire_alarms(alarm)   # at its own time, not later
                 return
-            within = key + self._window(first)
-            tied = sorted(n for n, (k, _) in keys.items() if k <= within)
-            name = self._choose(tied)
-            if name is None:
-                return
-            at = keys[name][0]
-            branch = self._current = self._branches[name]
-            branch.timed_out = keys[name][1]
-            branch.t = max(branch.t, at)
-            self._ns = max(self._ns, at)
-            branch.cond.notify()
+            if len(found) == 1:
+                branch, at, late = first
+            else:
+                if self._measured:
+                    within = key + self._window(first[0])
+                else:   # `_window`
+                    within = key + int(self._op_ns * first[0].slowdown)
+                tied = []
+                for entry in found:
+                    if entry[1] <= within:
+                        tied.append(entry)
+                if len(tied) == 1 or self.failure is not None:
+                    # no choice, or draining a failed run (`_choose`)
+                    branch, at, late = tied[0]
+                else:
+                    name = self._choose([entry[0].name for entry in tied])
+                    if name is None:
+                        return
+                    for branch, at, late in tied:
+                        if branch.name == name:
+                            break
+            self._current = branch
+            branch.timed_out = late
+            if branch.t < at:
+                branch.t = at
+            if self._ns < at:
+                self._ns = at
+            if branch is not getattr(self._local, "branch", None):
+                _open(branch)   # its thread parks: wake it
             return
         if not self._branches:
             return  # the run is over
         if self._alarms and any(b.held for b in self._branches.values()):
             # held for good (a partition that never heals): the run's
             # timeout comes first
-            self._fire_alarms(min(a for a, _ in self._alarms))
+            self._fire_alarms(self._alarm_at)
             return
         if self.failure is None:
             self.failure = self._deadlock()
@@ -420,38 +515,13 @@ class Scheduler:
             self._on_idle()
             return None
 
-    def _candidates(self):
-        """``{name: (time it can go on at, by its timeout)}`` of the
-        branches that can go on."""
-        found = {}
-        for name, b in self._branches.items():
-            state = b.state
-            if state is READY:
-                found[name] = (b.t, False)
-            elif state is WAITING:
-                try:
-                    holds = b.until()
-                except Exception:  # noqa: BLE001 - the waiter looks again
-                    holds = True
-                if holds:
-                    if b.woken is None:
-                        b.woken = max(b.t, self._last)
-                    if b.deadline is not None and b.deadline < b.woken:
-                        found[name] = (b.deadline, True)
-                    else:
-                        found[name] = (b.woken, False)
-                else:
-                    b.woken = None
-                    if b.deadline is not None:
-                        found[name] = (b.deadline, True)
-        return found
-
     def _fire_alarms(self, now):
         """The clock reached ``now``: fire the alarms due by then."""
         self._ns = max(self._ns, now)
         self._last = self._ns
         for alarm in [a for a in self._alarms if a[0] <= now]:
             self._alarms.remove(alarm)
+            self._alarm_at = min((a for a, _ in self._alarms), default=None)
             alarm[1]()
 
     def _deadlock(self):
@@ -469,9 +539,12 @@ class Scheduler:
 _NO_POINTS = {}
 
 
-def _earliest(item):
-    """Order of candidates: by time, then by name."""
-    return item[1][0], item[0]
+def _open(branch):
+    """Let ``branch``'s parked thread go on (the scheduler's lock held):
+    release its gate unless it is open already."""
+    gate = branch.gate
+    if gate.locked():
+        gate.release()
 
 
 def _ns(seconds):
@@ -529,7 +602,8 @@ class _Branches:
         me = getattr(s._local, "branch", None)
         if me is not None and children:
             s._wait(me, lambda: self.remaining == 0, None,
-                    f"its branches {[c.name for c in children]} to end")
+                    f"its branches {[c.name for c in children]} to end",
+                    joins=self)
         for t in self.threads:
             t.join()  # each has left the schedule: it is ending now
 

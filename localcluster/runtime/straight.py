@@ -34,9 +34,10 @@ returned, the same error (`op_failed` is the interpreter's own handler) -- so a 
 (`localcluster.runtime.links.run_net_slowed`) takes either.  The
 interpreter stays: a net's first run takes it (most nets of a job run
 once: an init, a checkpoint save -- generating code for them would cost
-more than it saves), a net under a schedule takes it between the switch
-points that split it (a net with none runs its straight-line code there
-too), and tests hold the two to the same results and errors.
+more than it saves), and tests hold the two to the same results and
+errors.  Under a schedule the switch points split a net into slices,
+each generated alike (its ``op_failed`` told the slice's first op), so
+the ops between two points run as straight-line code too.
 
 Blob names enter the source as ``repr`` literals and the kernels as
 closure variables, so nothing a user names is ever evaluated as code.

@@ -298,3 +298,89 @@ def test_threads_share_one_generated_function_per_net():
         t.join(30)
     assert int(ws.get("counter")) == 200
     assert straight.STRAIGHT_AFTER >= 2
+
+
+# -- under a schedule: the slices between switch points ----------------------
+
+def _scheduled_outcome(step, shapes, cut, runs):
+    """``(blobs, error, virtual end of each run)`` of ``runs`` runs of
+    ``step`` as the one branch of a schedule whose switch points are
+    before ops ``cut`` of every net: the slices between them run on the
+    interpreter the first time, as straight-line code from then on."""
+    from localcluster.runtime.scheduler import Scheduler
+    from localcluster.testing import Schedule
+    ws = _workspace(shapes)
+    rc = RunContext("node_0", ws.lock)
+    # one points object for every run: the slices are cached against it
+    points = {"node_0": {id(net): frozenset(cut)
+                         for s in _walk(step) for net in s.nets}}
+    error, ends = None, []
+    for _ in range(runs):
+        sched = Scheduler(Schedule(0, op_seconds=0.001), points=points)
+        branch = sched.add("node_0")
+        failed = []
+
+        def body():
+            rc.begin(clock=sched)
+            try:
+                execute(step, ws, rc, task="t")
+            except TaskFailedError as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=sched.run_as, args=(branch, body))
+        thread.start()
+        sched.kick()
+        thread.join()
+        sched.close()
+        ends.append(sched.end_ns())
+        if failed:
+            exc = failed[0]
+            error = (type(exc).__name__, str(exc), exc.op_type, exc.op_index,
+                     exc.cause_type, exc.cause_message, exc.net, exc.step)
+            break
+    blobs = {name: ws.get(name) for name in ws.names()}
+    return blobs, error, ends
+
+
+@given(drawn=_net, shapes=_shapes, repeats=st.sampled_from([1, 3]),
+       cut=st.sets(st.integers(0, 11), max_size=4),
+       runs=st.sampled_from([1, 3]))
+@example(drawn=[("Add", ["a", "b"], "c"), ("Scale", ["c", "c"], "c"),
+                ("Concat", ["a", "v"], "c"), ("Mul", ["c", "c"], "c")],
+         shapes=[(3,), (3,), (3,), (2, 3)], repeats=3, cut={0, 2}, runs=3)
+# fails on the second pass, in the straight code of the second slice
+@example(drawn=[("Add", ["c", "a"], "c"), ("Scale", ["c", "c"], "c"),
+                ("MaybeNone", ["c", "c"], "b")],
+         shapes=[()] * 4, repeats=3, cut={1}, runs=1)
+def test_slices_between_switch_points_run_straight_as_interpreted(
+        drawn, shapes, repeats, cut, runs):
+    step = _step(drawn, repeats)
+    straight_run = _scheduled_outcome(step, shapes, cut, runs)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(executor, "_straight_segments",
+                   lambda net, segments: segments)
+        interpreted = _scheduled_outcome(step, shapes, cut, runs)
+    # the same error (naming the same op of the net), the same virtual
+    # time charged for the ops that ran, the same blobs
+    assert straight_run[1:] == interpreted[1:]
+    _same_blobs(straight_run[0], interpreted[0])
+
+
+def test_a_sliced_net_runs_straight_from_its_second_run():
+    step = _step([("Add", ["a", "b"], "c"), ("Scale", ["c", "c"], "c"),
+                  ("Mul", ["c", "c"], "c")], 2)
+    made = []
+    real = executor._straight_segments
+
+    def spy(net, segments):
+        found = real(net, segments)
+        made.append([type(s[3]).__name__ for s in found])
+        return found
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(executor, "_straight_segments", spy)
+        _scheduled_outcome(step, [(3,)] * 4, {1}, 3)
+    # each of the two nets (the constants', the loop's) is cut in two by
+    # the point before its op 1: made once, on the net's second run, one
+    # function per slice
+    assert made == [["function", "function"]] * 2
