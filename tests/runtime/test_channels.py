@@ -273,6 +273,214 @@ def test_readers_on_several_threads_miss_no_wake_up(parts, monkeypatch):
         cancel.close()
 
 
+@pytest.fixture
+def rings(monkeypatch):
+    """The doorbells rung, by FIFO descriptor, as they are rung; no look
+    before a sleep (a consumer sleeps at once) and no safety wake."""
+    rung = []
+    plain = shm_channel.ring_bell
+
+    def ring(fd):
+        rung.append(fd)
+        plain(fd)
+
+    monkeypatch.setattr(shm_channel, "ring_bell", ring)
+    monkeypatch.setattr(shm_channel, "SAFETY_WAKE", 600.0)
+    monkeypatch.setattr(shm_channel, "SPIN", 0.0)
+    return rung
+
+
+def _asleep(channel, sleepers=1):
+    """Wait (bounded) until ``sleepers`` consumers sleep on ``channel``."""
+    deadline = time.monotonic() + 20
+    while channel._words[shm_channel.WAIT_CONSUMERS] < sleepers:
+        assert time.monotonic() < deadline, "the reader never slept"
+        time.sleep(0.001)
+
+
+def _read_in_thread(channel, n, available=False, cancel=None):
+    """A thread reading ``n`` records (`get`, or `get_available`); what it
+    read is in the returned list once it ends."""
+    out = []
+
+    def read():
+        take = channel.get_available if available else channel.get
+        records, finished, done = take(n, cancel)
+        out.extend(int(r[0][0]) for r in records)
+        if done is not None:
+            done()
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    return thread, out
+
+
+def test_a_reader_of_several_records_is_rung_once_they_are_all_there(
+        parts, rings):
+    """A read of 4 records sleeps until the queue holds 4: the writer rings
+    once, as the fourth is put -- not at the first, to find it short of
+    three more (and so on: a ring per record)."""
+    writer, reader = ShmChannel(parts.desc), ShmChannel(parts.desc)
+    cancel = CancelEvent()
+    thread, got = _read_in_thread(reader, 4, cancel=cancel)
+    try:
+        _asleep(reader)
+        for i in range(3):
+            assert writer.put((np.array([i]),))
+        assert rings.count(writer._full) == 0
+        assert writer.put((np.array([3]),))
+        thread.join(20)
+        assert not thread.is_alive() and got == [0, 1, 2, 3]
+        assert rings.count(writer._full) == 1
+    finally:
+        cancel.set()
+        thread.join(20)
+        writer.release()
+        reader.release()
+        cancel.close()
+
+
+def test_a_reader_behind_its_writer_sleeps_for_a_batch(parts, rings,
+                                                       monkeypatch):
+    """A reader whose last take found several records (its writer is ahead)
+    sleeps for a batch: rung once half the queue is there, not at the
+    first record."""
+    monkeypatch.setattr(shm_channel, "BATCH_WAIT", 600.0)
+    writer, reader = ShmChannel(parts.desc), ShmChannel(parts.desc)
+    cancel = CancelEvent()
+    try:
+        for i in range(3):
+            assert writer.put((np.array([i]),))
+        records, _, done = reader.get_available(parts.capacity)
+        assert len(records) == 3
+        done()
+        batch = parts.capacity // 2
+        thread, got = _read_in_thread(reader, parts.capacity, True, cancel)
+        _asleep(reader)
+        for i in range(3, 3 + batch - 1):
+            assert writer.put((np.array([i]),))
+        assert rings.count(writer._full) == 0
+        assert writer.put((np.array([2 + batch]),))
+        thread.join(20)
+        assert not thread.is_alive() and got == list(range(3, 3 + batch))
+        assert rings.count(writer._full) == 1
+    finally:
+        cancel.set()
+        writer.release()
+        reader.release()
+        cancel.close()
+
+
+def test_a_reader_waiting_for_a_batch_takes_what_came_after_a_while(
+        parts, rings, monkeypatch):
+    """The batch is not waited for long: a writer that puts one record and
+    then does something else has it read, without a ring."""
+    monkeypatch.setattr(shm_channel, "BATCH_WAIT", 0.01)
+    writer, reader = ShmChannel(parts.desc), ShmChannel(parts.desc)
+    cancel = CancelEvent()
+    try:
+        for i in range(3):
+            assert writer.put((np.array([i]),))
+        _, _, done = reader.get_available(parts.capacity)
+        done()
+        thread, got = _read_in_thread(reader, parts.capacity, True, cancel)
+        _asleep(reader)
+        assert writer.put((np.array([3]),))
+        thread.join(20)
+        assert not thread.is_alive() and got == [3]
+        assert rings.count(writer._full) == 0
+        # and the next read, having found one record, waits for the first
+        thread, got = _read_in_thread(reader, parts.capacity, True, cancel)
+        _asleep(reader)
+        assert writer.put((np.array([4]),))
+        thread.join(20)
+        assert not thread.is_alive() and got == [4]
+        assert rings.count(writer._full) == 1
+    finally:
+        cancel.set()
+        writer.release()
+        reader.release()
+        cancel.close()
+
+
+def test_a_reader_that_looks_before_it_sleeps_is_not_rung(parts, rings,
+                                                          monkeypatch):
+    """A record put while the reader looks at the words (before it sleeps)
+    is read without a ring."""
+    monkeypatch.setattr(shm_channel, "SPIN", 600.0)
+    writer, reader = ShmChannel(parts.desc), ShmChannel(parts.desc)
+    reader._spins = True
+    cancel = CancelEvent()
+    looking = threading.Event()
+    plain_spin = reader._spin
+
+    def spin(want):
+        looking.set()
+        return plain_spin(want)
+
+    reader._spin = spin
+    thread, got = _read_in_thread(reader, 1, True, cancel)
+    try:
+        assert looking.wait(20)
+        assert writer.put((np.array([7]),))
+        thread.join(20)
+        assert not thread.is_alive() and got == [7]
+        assert rings == []
+    finally:
+        cancel.set()
+        reader.abort()
+        thread.join(20)
+        writer.release()
+        reader.release()
+        cancel.close()
+
+
+@pytest.mark.parametrize("spin", [0.0, shm_channel.SPIN])
+def test_bulk_readers_on_several_threads_miss_no_wake_up(parts, monkeypatch,
+                                                         spin):
+    """Readers taking what is there (a drain) and readers of 1 or 2 records,
+    on threads of one end, sleeping for batches and for their own counts:
+    every record is read once, none sleeps through its records."""
+    monkeypatch.setattr(shm_channel, "SAFETY_WAKE", 600.0)
+    monkeypatch.setattr(shm_channel, "SPIN", spin)
+    n = 3000
+    producer = FORK.Process(target=_produce_in_bursts, args=(parts.desc, n))
+    channel, cancel = ShmChannel(parts.desc), CancelEvent()
+    got, lock = [], threading.Lock()
+
+    def read(size, available):
+        take = channel.get_available if available else channel.get
+        while True:
+            records, finished, done = take(size, cancel)
+            if finished:
+                return
+            with lock:
+                got.extend(int(r[0][0]) for r in records)
+            done()
+
+    readers = [threading.Thread(target=read, args=args)
+               for args in ((parts.capacity, True), (3, True), (1, False),
+                            (2, False))]
+    watchdog = threading.Timer(60, cancel.set)
+    try:
+        watchdog.start()
+        producer.start()
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join(90)
+        assert not any(t.is_alive() for t in readers)
+        assert not cancel.is_set(), "a reader slept through its records"
+        assert sorted(got) == list(range(n))
+    finally:
+        watchdog.cancel()
+        cancel.set()
+        producer.kill()
+        producer.join(10)
+        channel.release()
+        cancel.close()
+
+
 def test_a_cross_node_queue_larger_than_a_fifo_holds_is_refused():
     from localcluster.errors import PlanError
     from localcluster.runtime.shm_channel import MAX_CAPACITY
