@@ -75,15 +75,16 @@ def drain_records(ctx, queue=None, capacity=1):
     and empty.  What a pipe reads when nothing looks at its records: one
     op, one channel call and no copy for all of them.
 
-    A channel without ``get_available`` (a link's reading end, which holds
-    each record until it has arrived; a channel of another engine) gives
-    one record a call, so per-record conditions hold as they did."""
+    A channel without ``drop_available`` (a link's reading end, which
+    holds each record until it has arrived; a channel of another engine)
+    gives one record a call, so per-record conditions hold as they did.
+    A shared-memory channel makes no view on the records it drops."""
     channel = _channel(ctx, queue, capacity)
-    take = getattr(channel, "get_available", None)
-    if take is None:
-        records, finished, done = channel.get(1, ctx.cancelled, ctx.clock)
-    else:
-        records, finished, done = take(capacity, ctx.cancelled, ctx.clock)
+    drop = getattr(channel, "drop_available", None)
+    if drop is not None:
+        _, finished = drop(capacity, ctx.cancelled, ctx.clock)
+        return np.array(bool(finished))
+    records, finished, done = channel.get(1, ctx.cancelled, ctx.clock)
     if done is not None:
         done()
     return np.array(bool(finished))

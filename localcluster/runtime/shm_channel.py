@@ -287,13 +287,9 @@ class ShmChannel:
             if pool and not self._big and not words[CLOSED]:
                 # the common case: a slot at hand, a small record -- copied
                 # under the lock, one lock for all
-                slot = pool.pop()
-                try:
-                    self._big = self._segments.write(slot, record)
-                except BaseException:
-                    pool.append(slot)
-                    raise
-                self._publish(slot)
+                slot = pool[-1]
+                self._big = self._segments.write(slot, record)
+                self._publish(pool.pop())
                 return True
         # a big record is copied outside the lock: other threads of the
         # node may put theirs meanwhile
@@ -444,18 +440,40 @@ class ShmChannel:
                 return [record], False, functools.partial(self._release,
                                                           slots)
         want = max(1, int(n))
-        return self._read(want, want, cancelled)
+        return self._lend(self._read(want, want, cancelled))
 
     def get_available(self, n, cancelled=None, clock=None):
         """Up to ``n`` of the records queued now, waiting for one only:
         ``(records, finished, done)`` as `get`.  One call takes every
         record the ring holds (a lock and the shared words once), so a
         reader that looks at no record alone moves them in bulk."""
-        return self._read(max(1, int(n)), 1, cancelled)
+        return self._lend(self._read(max(1, int(n)), 1, cancelled))
+
+    def drop_available(self, n, cancelled=None, clock=None):
+        """`get_available`, the records dropped at once: ``(how many,
+        finished)``.  No view is made on them, and their slots go back
+        to the producer in the same call."""
+        slots = self._read(max(1, int(n)), 1, cancelled)
+        self._release(slots)
+        return len(slots), not slots
+
+    def _lend(self, slots):
+        """``(records, finished, done)`` of the records in ``slots``: views
+        on them, lent until ``done()``."""
+        if not slots:
+            return [], True, None
+        try:
+            views = self._segments.reader_views
+            records = [views(slot) for slot in slots]
+        except BaseException:
+            self._release(slots)
+            raise
+        return records, False, functools.partial(self._release, slots)
 
     def _read(self, want, least, cancelled):
         """Wait for ``least`` records (or the close), then take up to
-        ``want`` of those queued: `get` and `get_available`."""
+        ``want`` of those queued: their slots (none: the queue is closed
+        and empty)."""
         slots, batched, spun = [], False, not self._spins or \
             self._misses % SPIN_PROBE != 0
         try:
@@ -482,18 +500,16 @@ class ShmChannel:
                             cancelled, CONSUMER_SLEEPS,
                             functools.partial(self._ring_at, least, batch))
             self._pop_taken(want, slots)
-            views = self._segments.reader_views
-            records = [views(slot) for slot in slots]
+            if slots and self._streaming:
+                # a batch: half the queue, or BATCH_BYTES of these records
+                size = sum(view.nbytes for view in
+                           self._segments.reader_views(slots[-1]))
+                self._stream_batch = max(1, min(self.capacity // 2,
+                                                BATCH_BYTES // max(1, size)))
         except BaseException:
             self._release(slots)
             raise
-        if records:
-            if self._streaming:
-                size = sum(view.nbytes for view in records[-1])
-                self._stream_batch = max(1, min(self.capacity // 2,
-                                                BATCH_BYTES // max(1, size)))
-            return records, False, functools.partial(self._release, slots)
-        return [], True, None
+        return slots
 
     @metered
     def _spin(self, want):

@@ -972,3 +972,57 @@ def test_a_drain_takes_one_record_a_call_from_a_channel_without_bulk_reads():
                for _ in range(4)]
     assert results == [False, False, False, True]
     assert channel.asked == [1, 1, 1, 1]
+
+
+def test_a_drop_takes_what_a_bulk_read_takes_and_hands_the_slots_back(parts):
+    """`drop_available` counts what `get_available` would give, in the
+    same calls, and the slots of a shared-memory channel are free again
+    at once: the writer fills the queue anew without waiting."""
+    for channel in (ShmChannel(parts.desc), _local_channel(8)):
+        watchdog = threading.Timer(20, channel.abort)
+        watchdog.start()
+        try:
+            for rounds in range(3):
+                for i in range(8):
+                    assert channel.put((np.array([i]),))
+                assert channel.drop_available(3) == (3, False)
+                assert channel.drop_available(8) == (5, False)
+            assert channel.put((np.array([1]),))
+            channel.close()
+            assert channel.drop_available(8) == (1, False)
+            assert channel.drop_available(8) == (0, True)
+        finally:
+            watchdog.cancel()
+            if isinstance(channel, ShmChannel):
+                channel.release()
+
+
+@given(st.lists(st.one_of(st.tuples(st.just("put"), st.integers(0, 99)),
+                          st.tuples(st.sampled_from(["get", "drop"]),
+                                    st.integers(1, 6))),
+                max_size=40))
+@settings(max_examples=40, deadline=None)
+def test_drops_and_bulk_reads_leave_the_records_single_reads_would(steps):
+    """Records dropped are the ones a bulk read of as many would give: what
+    is read next is what single reads would have read after them."""
+    channel, model = _local_channel(64), []
+    for kind, value in steps:
+        if kind == "put" and len(model) < 64:
+            channel.put((np.array([value]),))
+            model.append(value)
+        elif kind == "get" and model:
+            records, _, _ = channel.get_available(value)
+            assert _values(records) == model[:value]
+            del model[:value]
+        elif kind == "drop" and model:
+            assert channel.drop_available(value) == (min(value, len(model)),
+                                                     False)
+            del model[:value]
+    channel.close()
+    got = []
+    while True:
+        records, finished, _ = channel.get(1)
+        if finished:
+            break
+        got += _values(records)
+    assert got == model
