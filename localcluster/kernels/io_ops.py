@@ -9,6 +9,7 @@ readers never read one record twice and concurrent writers never lose one.
 import numpy as np
 
 from ..errors import Cancelled
+from . import registry
 from .registry import register_op
 
 
@@ -39,6 +40,25 @@ def enqueue_record(ctx, *fields, queue=None, capacity=1):
     queued = _channel(ctx, queue, capacity).put(fields, ctx.cancelled,
                                                 ctx.clock)
     return np.array(not queued)
+
+
+def _bind_enqueue(ctx, queue=None, capacity=1):
+    """`enqueue_record` bound to its op: a writer's loop runs it per
+    record, and a partial's keywords, the hub's lookup and the context's
+    attributes cost about what putting a small record does."""
+    resources, cancelled, run, array = ctx.resources, ctx.cancelled, \
+        ctx.run, np.array
+
+    def enqueue(*fields):
+        hub = resources.get("queues")
+        if hub is None:
+            _hub(ctx, queue)   # raises: no queues here
+        return array(not hub.channel(queue, capacity).put(
+            fields, cancelled, run.clock))
+    return enqueue
+
+
+registry.bind("EnqueueRecord", _bind_enqueue)
 
 
 @register_op("DequeueRecords", context=True, min_outputs=1, max_outputs=None,

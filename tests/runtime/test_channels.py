@@ -1026,3 +1026,49 @@ def test_drops_and_bulk_reads_leave_the_records_single_reads_would(steps):
             break
         got += _values(records)
     assert got == model
+
+
+def _enqueue_net():
+    net = Net("put")
+    net.ConstantFill([], ["x"], shape=[2], value=3.0)
+    net.EnqueueRecord(["x"], ["closed"], queue="q", capacity=2)
+    return net
+
+
+def _run_enqueue(resources):
+    from localcluster.runtime.executor import RunContext, execute
+    from localcluster.runtime.workspace import Workspace
+    from localcluster.plan.step import execution_step
+    ws = Workspace("n")
+    rc = RunContext("n", ws.lock, resources=resources)
+    rc.begin()
+    execute(execution_step("s", [_enqueue_net()]), ws, rc)
+    return ws.get("closed")
+
+
+def test_a_bound_enqueue_puts_and_answers_as_the_kernel_does():
+    """The executor calls EnqueueRecord through its binder (the lookups
+    done once per compiled op): the record queued, False while open, True
+    once the queue is closed -- as the kernel answers."""
+    from localcluster.kernels.io_ops import enqueue_record
+    from localcluster.kernels.registry import OpContext
+    channel = _local_channel(2)
+    hub = _Hub(channel)
+    assert _run_enqueue({"queues": hub}).tolist() is False
+    records, _, _ = channel.get(1)
+    assert records[0][0].tolist() == [3.0, 3.0]
+    ctx = OpContext("n", threading.Lock(), CancelEvent(), _drain_context(
+        channel), {"queues": hub})
+    assert enqueue_record(ctx, np.zeros(1), queue="q",
+                          capacity=2).tolist() is False
+    channel.close()
+    assert _run_enqueue({"queues": hub}).tolist() is True
+    assert enqueue_record(ctx, np.zeros(1), queue="q",
+                          capacity=2).tolist() is True
+
+
+def test_a_bound_enqueue_without_queues_fails_as_the_kernel_does():
+    from localcluster.errors import TaskFailedError
+    with pytest.raises(TaskFailedError,
+                       match="this session does not provide queues"):
+        _run_enqueue({})
