@@ -22,10 +22,21 @@ counts itself into the word, then looks at the words again, and only then
 sleeps, so a record (or slot) published between its look and its sleep
 rings the bell (see *Ordering* below).  Rings are batched: a producer
 rings a consumer once per sleep (the consumer counts its sleeps), not once
-per record put while it wakes; a producer that finds the queue full waits
+per record put while it wakes, and only once the queue holds what the
+consumer sleeps for (word ``RING_AT``, the tail it asked to be rung at:
+the records a read of several needs; a batch -- half the capacity, or
+`BATCH_BYTES` of records -- for a consumer whose last take found several
+records, its producer being ahead, which then sleeps `BATCH_WAIT` at most
+and takes what came).  A ring wakes a process, which costs the producer
+tens of microseconds; so before it sleeps a consumer looks at the words
+for up to `SPIN` (where such a look lately found its records: not when
+the two sides share a CPU), and a producer that keeps up a stream wakes
+nobody.  A producer that finds the queue full waits
 for a batch of free slots -- a quarter of the capacity, `BATCH_WAIT` at
 most once one is free, at once if the consumer waits too -- so a consumer
 that keeps the queue full rings twice per batch, not once per record.
+Consumers of several nodes (``shared_lock``) are rung at every record
+and do not look before they sleep.
 A consumer takes every queued record off the ring at once; its next reads
 of one record find theirs at hand, without the lock or the shared words.
 A waiter wakes on one ``poll`` of its doorbell *and* the run's
