@@ -1072,3 +1072,77 @@ def test_a_bound_enqueue_without_queues_fails_as_the_kernel_does():
     with pytest.raises(TaskFailedError,
                        match="this session does not provide queues"):
         _run_enqueue({})
+
+
+def _produce_paced(desc, n, pauses):
+    """Records 0..n-1, pausing ``pauses[i % len(pauses)]`` seconds after
+    record i: bursts and gaps, so the reader sleeps for records, for
+    batches and not at all."""
+    channel, cancel = ShmChannel(desc), CancelEvent()
+    for i in range(n):
+        channel.put((np.array([i]),), cancel)
+        if pauses[i % len(pauses)]:
+            time.sleep(pauses[i % len(pauses)])
+    channel.close()
+
+
+@given(reads=st.lists(st.tuples(st.sampled_from(["get", "available", "drop"]),
+                                st.integers(1, 8)), min_size=1, max_size=12),
+       pauses=st.lists(st.sampled_from([0.0, 0.0, 0.0, 0.0002, 0.002]),
+                       min_size=1, max_size=8),
+       spin=st.sampled_from([0.0, 50e-6]))
+@settings(max_examples=12, deadline=None)
+def test_any_mix_of_reads_sees_the_records_in_order_across_processes(
+        reads, pauses, spin):
+    """Whatever reads a reader makes -- of n records, of what is there, or
+    drops -- against a writer process that pauses or not, the records
+    come in order, none lost or repeated, and every read ends: the
+    reader's sleeps (for its records, for a batch, after a look) never
+    miss their ring."""
+    n = 400
+    plain = (shm_channel.SAFETY_WAKE, shm_channel.SPIN,
+             shm_channel.BATCH_WAIT)
+    shm_channel.SAFETY_WAKE, shm_channel.SPIN = 600.0, spin
+    shm_channel.BATCH_WAIT = 0.002
+    parts = ChannelParts(shm.session_prefix() + "qmix_", 8)
+    producer = FORK.Process(target=_produce_paced,
+                            args=(parts.desc, n, pauses))
+    channel, cancel = ShmChannel(parts.desc), CancelEvent()
+    channel._spins = bool(spin)
+    watchdog = threading.Timer(60, cancel.set)
+    try:
+        watchdog.start()
+        producer.start()
+        seen, step = 0, 0
+        while True:
+            kind, size = reads[step % len(reads)]
+            step += 1
+            if kind == "drop":
+                count, finished = channel.drop_available(size, cancel)
+                assert count <= size
+                seen += count
+            else:
+                take = channel.get if kind == "get" else \
+                    channel.get_available
+                records, finished, done = take(size, cancel)
+                assert _values(records) == list(range(seen,
+                                                      seen + len(records)))
+                assert len(records) <= size
+                if kind == "get" and not finished and seen + size <= n:
+                    assert len(records) == size
+                seen += len(records)
+                if done is not None:
+                    done()
+            if finished:
+                break
+        assert seen == n and not cancel.is_set()
+    finally:
+        watchdog.cancel()
+        cancel.set()
+        producer.kill()
+        producer.join(10)
+        channel.release()
+        parts.close()
+        cancel.close()
+        (shm_channel.SAFETY_WAKE, shm_channel.SPIN,
+         shm_channel.BATCH_WAIT) = plain
