@@ -151,7 +151,7 @@ SPIN_PROBE = 8
 #: the bytes of records a consumer that does not keep up with its producer
 #: waits for (see `ShmChannel._read`): a few big records, up to half the
 #: queue of small ones
-BATCH_BYTES = 4 << 20
+BATCH_BYTES = 8 << 20
 #: plain loads and stores keep their order here (all but store-load), so
 #: only the store-load fences are needed (see Ordering)
 _ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
