@@ -9,6 +9,7 @@ readers never read one record twice and concurrent writers never lose one.
 import numpy as np
 
 from ..errors import Cancelled
+from . import registry
 from .registry import register_op
 
 
@@ -39,6 +40,25 @@ def enqueue_record(ctx, *fields, queue=None, capacity=1):
     queued = _channel(ctx, queue, capacity).put(fields, ctx.cancelled,
                                                 ctx.clock)
     return np.array(not queued)
+
+
+def _bind_enqueue(ctx, queue=None, capacity=1):
+    """`enqueue_record` bound to its op: a writer's loop runs it per
+    record, and a partial's keywords, the hub's lookup and the context's
+    attributes cost about what putting a small record does."""
+    resources, cancelled, run, array = ctx.resources, ctx.cancelled, \
+        ctx.run, np.array
+
+    def enqueue(*fields):
+        hub = resources.get("queues")
+        if hub is None:
+            _hub(ctx, queue)   # raises: no queues here
+        return array(not hub.channel(queue, capacity).put(
+            fields, cancelled, run.clock))
+    return enqueue
+
+
+registry.bind("EnqueueRecord", _bind_enqueue)
 
 
 @register_op("DequeueRecords", context=True, min_outputs=1, max_outputs=None,
@@ -75,15 +95,16 @@ def drain_records(ctx, queue=None, capacity=1):
     and empty.  What a pipe reads when nothing looks at its records: one
     op, one channel call and no copy for all of them.
 
-    A channel without ``get_available`` (a link's reading end, which holds
-    each record until it has arrived; a channel of another engine) gives
-    one record a call, so per-record conditions hold as they did."""
+    A channel without ``drop_available`` (a link's reading end, which
+    holds each record until it has arrived; a channel of another engine)
+    gives one record a call, so per-record conditions hold as they did.
+    A shared-memory channel makes no view on the records it drops."""
     channel = _channel(ctx, queue, capacity)
-    take = getattr(channel, "get_available", None)
-    if take is None:
-        records, finished, done = channel.get(1, ctx.cancelled, ctx.clock)
-    else:
-        records, finished, done = take(capacity, ctx.cancelled, ctx.clock)
+    drop = getattr(channel, "drop_available", None)
+    if drop is not None:
+        _, finished = drop(capacity, ctx.cancelled, ctx.clock)
+        return np.array(bool(finished))
+    records, finished, done = channel.get(1, ctx.cancelled, ctx.clock)
     if done is not None:
         done()
     return np.array(bool(finished))

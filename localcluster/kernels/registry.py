@@ -38,7 +38,7 @@ class OpSchema:
 
     __slots__ = ("name", "kernel", "num_outputs", "min_outputs",
                  "max_outputs", "context", "arg_names", "fast", "atomic",
-                 "lends", "may_skip", "inputs")
+                 "lends", "may_skip", "inputs", "bind")
 
     def __init__(self, name, kernel, num_outputs, min_outputs, max_outputs,
                  context, fast=None, atomic=False, lends=False,
@@ -56,6 +56,9 @@ class OpSchema:
         self.may_skip = may_skip  # None: its outputs are left as they are
         #: (fewest, most or None) inputs the kernel takes; None: unknown
         self.inputs = _input_counts(kernel, context)
+        #: None, or what the executor calls once per compiled op instead
+        #: of binding the kernel to its context and arguments (`bind`)
+        self.bind = None
 
     def check_args(self, args):
         if self.arg_names is None:
@@ -212,6 +215,16 @@ def ensure_registered(schema):
     the ops a plan brings along)."""
     with _REGISTRY_LOCK:
         _REGISTRY.setdefault(schema.name, schema)
+
+
+def bind(name, binder):
+    """Give built-in op type ``name`` a binder: ``binder(ctx, **args)``
+    (``ctx`` None for an op without context), called once per compiled
+    op, returns the callable the executor calls with the op's inputs
+    instead of ``kernel(ctx, *inputs, **args)`` -- with the kernel's
+    results and errors, what each call would look up done once.  For the
+    few ops a tight loop runs per record."""
+    _REGISTRY[name].bind = binder
 
 
 def lookup(name):

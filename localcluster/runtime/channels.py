@@ -15,8 +15,9 @@ A channel holds records -- tuples of arrays whose first axis is the batch.
 ``put`` blocks while the channel is full, ``get(n)`` until ``n`` records
 are queued or the channel is closed (then it takes what is left);
 ``get_available(n)``, where a channel has it, waits for one record only and
-takes up to ``n`` of those queued (a pipe that looks at no record alone
-drains its queue so: see `localcluster.kernels.io_ops`).  A
+takes up to ``n`` of those queued, and ``drop_available(n)`` drops what
+it would take (a pipe that looks at no record alone drains its queue so:
+see `localcluster.kernels.io_ops`).  A
 waiter waits on the channel's condition through the run's clock
 (``clock.wait(cond, until=...)``, see `localcluster.runtime.clock`) and is
 woken by whatever changes what it waits for: a put, a get, a close -- or
@@ -98,6 +99,13 @@ class LocalChannel:
         """Up to ``n`` of the records queued now, waiting for one only
         (or the close); ``(records, finished, done)`` as `get`."""
         return self._read(max(1, int(n)), 1, cancelled, clock)
+
+    def drop_available(self, n, cancelled=None, clock=REAL_TIME):
+        """`get_available`, the records dropped: ``(how many,
+        finished)``."""
+        records, finished, _ = self._read(max(1, int(n)), 1, cancelled,
+                                          clock)
+        return len(records), finished
 
     def _read(self, n, least, cancelled, clock):
         """Wait for ``least`` records (or the close), then take up to

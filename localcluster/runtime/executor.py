@@ -157,7 +157,10 @@ class RunContext:
             else schema.kernel
         # one partial, not two: a call through a partial of a partial
         # merges its keywords twice
-        if schema.context:
+        if schema.bind is not None:
+            kernel = schema.bind(self.op_context.for_op(op)
+                                 if schema.context else None, **op.args)
+        elif schema.context:
             kernel = functools.partial(kernel, self.op_context.for_op(op),
                                        **op.args)
         elif op.args:

@@ -22,10 +22,21 @@ counts itself into the word, then looks at the words again, and only then
 sleeps, so a record (or slot) published between its look and its sleep
 rings the bell (see *Ordering* below).  Rings are batched: a producer
 rings a consumer once per sleep (the consumer counts its sleeps), not once
-per record put while it wakes; a producer that finds the queue full waits
+per record put while it wakes, and only once the queue holds what the
+consumer sleeps for (word ``RING_AT``, the tail it asked to be rung at:
+the records a read of several needs; a batch -- half the capacity, or
+`BATCH_BYTES` of records -- for a consumer whose last take found several
+records, its producer being ahead, which then sleeps `BATCH_WAIT` at most
+and takes what came).  A ring wakes a process, which costs the producer
+tens of microseconds; so before it sleeps a consumer looks at the words
+for up to `SPIN` (where such a look lately found its records: not when
+the two sides share a CPU), and a producer that keeps up a stream wakes
+nobody.  A producer that finds the queue full waits
 for a batch of free slots -- a quarter of the capacity, `BATCH_WAIT` at
 most once one is free, at once if the consumer waits too -- so a consumer
 that keeps the queue full rings twice per batch, not once per record.
+Consumers of several nodes (``shared_lock``) are rung at every record
+and do not look before they sleep.
 A consumer takes every queued record off the ring at once; its next reads
 of one record find theirs at hand, without the lock or the shared words.
 A waiter wakes on one ``poll`` of its doorbell *and* the run's
@@ -109,12 +120,13 @@ import os
 import platform
 import select
 import threading
+import time
 
 from . import shm
 from .cancel import CancelEvent
 from .clock import metered
 from .shm_control import (CLOSED, CONSUMER_SLEEPS, ENDED, FREED, HEAD,
-                          MAX_CAPACITY, REUSED, TAIL, WAIT_CONSUMERS,
+                          MAX_CAPACITY, REUSED, RING_AT, TAIL, WAIT_CONSUMERS,
                           WAIT_PRODUCERS, WRITERS, ChannelParts, ProcessLock,
                           control_words, drain, fifo, layout, ring_bell)
 from .shm_slots import SlotSegments
@@ -130,6 +142,16 @@ SAFETY_WAKE = 5.0
 #: seconds a producer waits for a batch of free slots once one is free
 #: (see `ShmChannel._producer_patience`)
 BATCH_WAIT = 0.001
+#: seconds a consumer looks at the words before it sleeps (see
+#: `ShmChannel._spin`): about what a sleep and its ring cost
+SPIN = 50e-6
+#: a consumer whose look found nothing looks again only every this many
+#: waits, until a look finds its records (see `ShmChannel._spin`)
+SPIN_PROBE = 8
+#: the bytes of records a consumer that does not keep up with its producer
+#: waits for (see `ShmChannel._read`): a few big records, up to half the
+#: queue of small ones
+BATCH_BYTES = 8 << 20
 #: plain loads and stores keep their order here (all but store-load), so
 #: only the store-load fences are needed (see Ordering)
 _ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
@@ -181,6 +203,9 @@ class ShmChannel:
         self._barrier = threading.Lock()
         self._barrier.acquire()
         self._big = False     # the last record was big: reuse hot slots
+        #: a consumer looks before it sleeps (see `_spin`): not when
+        #: consumers of several nodes share the queue, nor on one CPU
+        self._spins = not shared and len(os.sched_getaffinity(0)) > 1
         #: free slots a waiting producer waits for (see _producer_patience):
         #: one when producers of several nodes share them
         self._batch = 1 if shared else max(1, min(capacity // 4, 32))
@@ -194,6 +219,12 @@ class ShmChannel:
         self._rung = -1       # producer: the consumers' sleep rung for last
         # consumer: slots of records taken from the ring, not yet read
         self._taken = collections.deque()
+        # consumer: the last take from the ring found more records than
+        # one (the producer is ahead), and how many a batch is
+        self._streaming = False
+        self._stream_batch = 1
+        # consumer: waits since a look before sleeping last found records
+        self._misses = 0
 
     def _fence(self):
         """A full memory fence (see Ordering in the module docstring);
@@ -205,15 +236,25 @@ class ShmChannel:
     # -- waiting ------------------------------------------------------------
 
     @metered
-    def _sleep(self, waiting, bell, patience, cancelled, sleeps=None):
+    def _sleep(self, waiting, bell, patience, cancelled, sleeps=None,
+               ring_at=None):
         """Sleep until doorbell ``bell`` rings or the run is cancelled, or
         for ``patience()`` seconds at most: a look at the words once this
         thread counted itself into word ``waiting`` (0: no need to) --
-        and, if given, counted this sleep in word ``sleeps``."""
+        and, if given, counted this sleep in word ``sleeps`` and asked
+        for its ring once ``tail`` reaches ``ring_at()`` (word
+        `RING_AT`: the lowest any sleeper asked for)."""
         if self._aborted or (cancelled is not None and cancelled.is_set()):
             raise Cancelled("queue wait ended: the run was cancelled")
         words, lock = self._words, self._lock
         with lock:
+            if ring_at is not None:
+                at = ring_at()
+                if words[waiting]:
+                    at = min(at, words[RING_AT])   # others sleep too
+                words[RING_AT] = at
+                if not _ORDERED:
+                    self._fence()   # the ring's tail, then "waiting"
             words[waiting] += 1
             if sleeps is not None:
                 words[sleeps] += 1
@@ -257,13 +298,9 @@ class ShmChannel:
             if pool and not self._big and not words[CLOSED]:
                 # the common case: a slot at hand, a small record -- copied
                 # under the lock, one lock for all
-                slot = pool.pop()
-                try:
-                    self._big = self._segments.write(slot, record)
-                except BaseException:
-                    pool.append(slot)
-                    raise
-                self._publish(slot)
+                slot = pool[-1]
+                self._big = self._segments.write(slot, record)
+                self._publish(pool.pop())
                 return True
         # a big record is copied outside the lock: other threads of the
         # node may put theirs meanwhile
@@ -304,16 +341,22 @@ class ShmChannel:
         if not _ORDERED:          # the record and its ring entry, then tail
             barrier.release()
             barrier.acquire()
-        words[TAIL] = tail + 1
+        tail += 1
+        words[TAIL] = tail
         barrier.release()         # tail, then "waiting consumers"
         barrier.acquire()
         if words[WAIT_CONSUMERS]:
             # once per sleep: a sleeper takes a while to wake, and every
-            # record put meanwhile would ring again
+            # record put meanwhile would ring again -- and once the queue
+            # holds what the sleepers wait for (`RING_AT`), not before
             sleeps = words[CONSUMER_SLEEPS]
             if sleeps != self._rung:
-                self._rung = sleeps
-                ring_bell(self._full)
+                if not _ORDERED:
+                    barrier.release()   # "waiting", then the ring's tail
+                    barrier.acquire()
+                if tail >= words[RING_AT]:
+                    self._rung = sleeps
+                    ring_bell(self._full)
 
     def _take_slot(self, cancelled):
         """A free slot id -- for big records the one freed last, which is
@@ -408,37 +451,92 @@ class ShmChannel:
                 return [record], False, functools.partial(self._release,
                                                           slots)
         want = max(1, int(n))
-        return self._read(want, want, cancelled)
+        return self._lend(self._read(want, want, cancelled))
 
     def get_available(self, n, cancelled=None, clock=None):
         """Up to ``n`` of the records queued now, waiting for one only:
         ``(records, finished, done)`` as `get`.  One call takes every
         record the ring holds (a lock and the shared words once), so a
         reader that looks at no record alone moves them in bulk."""
-        return self._read(max(1, int(n)), 1, cancelled)
+        return self._lend(self._read(max(1, int(n)), 1, cancelled))
 
-    def _read(self, want, least, cancelled):
-        """Wait for ``least`` records (or the close), then take up to
-        ``want`` of those queued: `get` and `get_available`."""
-        slots = []
+    def drop_available(self, n, cancelled=None, clock=None):
+        """`get_available`, the records dropped at once: ``(how many,
+        finished)``.  No view is made on them, and their slots go back
+        to the producer in the same call."""
+        slots = self._read(max(1, int(n)), 1, cancelled)
+        self._release(slots)
+        return len(slots), not slots
+
+    def _lend(self, slots):
+        """``(records, finished, done)`` of the records in ``slots``: views
+        on them, lent until ``done()``."""
+        if not slots:
+            return [], True, None
         try:
-            patience = None
-            while not self._take_records(least, slots) and \
-                    len(slots) < least:
-                if patience is None:
-                    patience = functools.partial(self._consumer_patience,
-                                                 least)
-                self._sleep(WAIT_CONSUMERS, self._full, patience, cancelled,
-                            CONSUMER_SLEEPS)
-            self._pop_taken(want, slots)
             views = self._segments.reader_views
             records = [views(slot) for slot in slots]
         except BaseException:
             self._release(slots)
             raise
-        if records:
-            return records, False, functools.partial(self._release, slots)
-        return [], True, None
+        return records, False, functools.partial(self._release, slots)
+
+    def _read(self, want, least, cancelled):
+        """Wait for ``least`` records (or the close), then take up to
+        ``want`` of those queued: their slots (none: the queue is closed
+        and empty)."""
+        slots, batched, spun = [], False, not self._spins or \
+            self._misses % SPIN_PROBE != 0
+        try:
+            while not self._take_records(least, slots) and \
+                    len(slots) < least:
+                if not spun:
+                    spun = True
+                    if self._spin(least):
+                        self._misses = 0
+                        continue
+                    self._misses += 1
+                elif self._misses:
+                    self._misses += 1
+                # a producer ahead of this consumer: one sleep waits for a
+                # batch (BATCH_WAIT at most), not for the first record --
+                # a ring per batch, not one per record or two
+                batch = 0
+                if self._streaming and not batched and \
+                        self._stream_batch > least:
+                    batch, batched = self._stream_batch, True
+                self._sleep(WAIT_CONSUMERS, self._full,
+                            functools.partial(self._consumer_patience, least,
+                                              batch),
+                            cancelled, CONSUMER_SLEEPS,
+                            functools.partial(self._ring_at, least, batch))
+            self._pop_taken(want, slots)
+            if slots and self._streaming:
+                # a batch: half the queue, or BATCH_BYTES of these records
+                size = sum(view.nbytes for view in
+                           self._segments.reader_views(slots[-1]))
+                self._stream_batch = max(1, min(self.capacity // 2,
+                                                BATCH_BYTES // max(1, size)))
+        except BaseException:
+            self._release(slots)
+            raise
+        return slots
+
+    @metered
+    def _spin(self, want):
+        """Whether ``want`` records are queued (or the queue is closed)
+        within `SPIN` seconds: a consumer looks at the words before it
+        sleeps, so that a producer that puts
+        a record every few microseconds wakes nobody -- a ring costs it
+        tens of them."""
+        words, taken = self._words, self._taken
+        clock = time.perf_counter
+        end = clock() + SPIN
+        while not (words[CLOSED] or
+                   len(taken) + words[TAIL] - words[HEAD] >= want):
+            if self._aborted or clock() > end:
+                return False
+        return True
 
     def _pop_taken(self, want, slots):
         """Add to ``slots`` the records already taken from the ring, until
@@ -475,6 +573,7 @@ class ShmChannel:
                 taken.extend([words[ring + i % capacity]
                               for i in range(head, tail)])
                 words[HEAD] = tail
+                self._streaming = tail - head > 1
             self._pop_taken(want, slots)
             left = taken or words[TAIL] > tail
             if left or closed:
@@ -482,17 +581,28 @@ class ShmChannel:
                     ring_bell(self._full)   # some left, or closed: the others
             return not left and bool(closed)
 
-    def _consumer_patience(self, want):
-        """How long a consumer of ``want`` records waits (0: not at all); a
-        producer waiting for a batch of free slots is rung first: it gets
-        what is free."""
+    def _consumer_patience(self, want, batch=0):
+        """How long a consumer of ``want`` records waits (0: not at all):
+        for them, or -- ``batch`` -- for that many, `BATCH_WAIT` at most;
+        a producer waiting for a batch of free slots is rung first: it
+        gets what is free."""
         words = self._words
         if len(self._taken) + words[TAIL] - words[HEAD] >= want or \
                 words[CLOSED]:
             return 0
         if words[WAIT_PRODUCERS]:
             ring_bell(self._free)
-        return SAFETY_WAKE
+        return BATCH_WAIT if batch else SAFETY_WAKE
+
+    def _ring_at(self, want, batch=0):
+        """The ``tail`` at which a consumer of ``want`` records -- or of a
+        ``batch`` -- wants its ring (under the lock): once the queue holds
+        them.  Consumers of several nodes take records from one another:
+        they are rung at every record, as the first of them might be
+        theirs."""
+        if self._shared:
+            return 0
+        return self._words[HEAD] - len(self._taken) + max(want, batch)
 
     def _release(self, slots):
         """Hand ``slots`` back to the producer (their records copied)."""

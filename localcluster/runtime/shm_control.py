@@ -25,7 +25,8 @@ __all__ = ["ChannelParts", "MAX_CAPACITY", "control_words", "layout", "fifo",
 TAIL, REUSED = 0, 1                       # the producer's, per record
 HEAD, FREED = 8, 9                        # the consumer's, per record
 (CLOSED, CAPACITY, WAIT_PRODUCERS, WAIT_CONSUMERS,
- CONSUMER_SLEEPS, ENDED, WRITERS) = 16, 17, 18, 19, 20, 21, 22  # seldom
+ CONSUMER_SLEEPS, ENDED, WRITERS, RING_AT) = range(16, 24)   # seldom
+#: (``RING_AT``: the ``tail`` at which sleeping consumers want their ring)
 #: then, each array on lines of its own (see `layout`): one generation
 #: per slot, the record ring (slot id per position), one layout stamp per
 #: slot (bumped when the producer writes a new layout) and the free ring
@@ -182,7 +183,7 @@ class ChannelParts:
         for index, value in ((CLOSED, 0), (TAIL, 0), (HEAD, 0),
                              (FREED, capacity), (REUSED, 0),
                              (WAIT_PRODUCERS, 0), (WAIT_CONSUMERS, 0),
-                             (CONSUMER_SLEEPS, 0), (ENDED, 0),
+                             (CONSUMER_SLEEPS, 0), (RING_AT, 0), (ENDED, 0),
                              (WRITERS, writers), (CAPACITY, capacity)):
             words[index] = value
         for fd in self._fds:

@@ -273,6 +273,214 @@ def test_readers_on_several_threads_miss_no_wake_up(parts, monkeypatch):
         cancel.close()
 
 
+@pytest.fixture
+def rings(monkeypatch):
+    """The doorbells rung, by FIFO descriptor, as they are rung; no look
+    before a sleep (a consumer sleeps at once) and no safety wake."""
+    rung = []
+    plain = shm_channel.ring_bell
+
+    def ring(fd):
+        rung.append(fd)
+        plain(fd)
+
+    monkeypatch.setattr(shm_channel, "ring_bell", ring)
+    monkeypatch.setattr(shm_channel, "SAFETY_WAKE", 600.0)
+    monkeypatch.setattr(shm_channel, "SPIN", 0.0)
+    return rung
+
+
+def _asleep(channel, sleepers=1):
+    """Wait (bounded) until ``sleepers`` consumers sleep on ``channel``."""
+    deadline = time.monotonic() + 20
+    while channel._words[shm_channel.WAIT_CONSUMERS] < sleepers:
+        assert time.monotonic() < deadline, "the reader never slept"
+        time.sleep(0.001)
+
+
+def _read_in_thread(channel, n, available=False, cancel=None):
+    """A thread reading ``n`` records (`get`, or `get_available`); what it
+    read is in the returned list once it ends."""
+    out = []
+
+    def read():
+        take = channel.get_available if available else channel.get
+        records, finished, done = take(n, cancel)
+        out.extend(int(r[0][0]) for r in records)
+        if done is not None:
+            done()
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    return thread, out
+
+
+def test_a_reader_of_several_records_is_rung_once_they_are_all_there(
+        parts, rings):
+    """A read of 4 records sleeps until the queue holds 4: the writer rings
+    once, as the fourth is put -- not at the first, to find it short of
+    three more (and so on: a ring per record)."""
+    writer, reader = ShmChannel(parts.desc), ShmChannel(parts.desc)
+    cancel = CancelEvent()
+    thread, got = _read_in_thread(reader, 4, cancel=cancel)
+    try:
+        _asleep(reader)
+        for i in range(3):
+            assert writer.put((np.array([i]),))
+        assert rings.count(writer._full) == 0
+        assert writer.put((np.array([3]),))
+        thread.join(20)
+        assert not thread.is_alive() and got == [0, 1, 2, 3]
+        assert rings.count(writer._full) == 1
+    finally:
+        cancel.set()
+        thread.join(20)
+        writer.release()
+        reader.release()
+        cancel.close()
+
+
+def test_a_reader_behind_its_writer_sleeps_for_a_batch(parts, rings,
+                                                       monkeypatch):
+    """A reader whose last take found several records (its writer is ahead)
+    sleeps for a batch: rung once half the queue is there, not at the
+    first record."""
+    monkeypatch.setattr(shm_channel, "BATCH_WAIT", 600.0)
+    writer, reader = ShmChannel(parts.desc), ShmChannel(parts.desc)
+    cancel = CancelEvent()
+    try:
+        for i in range(3):
+            assert writer.put((np.array([i]),))
+        records, _, done = reader.get_available(parts.capacity)
+        assert len(records) == 3
+        done()
+        batch = parts.capacity // 2
+        thread, got = _read_in_thread(reader, parts.capacity, True, cancel)
+        _asleep(reader)
+        for i in range(3, 3 + batch - 1):
+            assert writer.put((np.array([i]),))
+        assert rings.count(writer._full) == 0
+        assert writer.put((np.array([2 + batch]),))
+        thread.join(20)
+        assert not thread.is_alive() and got == list(range(3, 3 + batch))
+        assert rings.count(writer._full) == 1
+    finally:
+        cancel.set()
+        writer.release()
+        reader.release()
+        cancel.close()
+
+
+def test_a_reader_waiting_for_a_batch_takes_what_came_after_a_while(
+        parts, rings, monkeypatch):
+    """The batch is not waited for long: a writer that puts one record and
+    then does something else has it read, without a ring."""
+    monkeypatch.setattr(shm_channel, "BATCH_WAIT", 0.01)
+    writer, reader = ShmChannel(parts.desc), ShmChannel(parts.desc)
+    cancel = CancelEvent()
+    try:
+        for i in range(3):
+            assert writer.put((np.array([i]),))
+        _, _, done = reader.get_available(parts.capacity)
+        done()
+        thread, got = _read_in_thread(reader, parts.capacity, True, cancel)
+        _asleep(reader)
+        assert writer.put((np.array([3]),))
+        thread.join(20)
+        assert not thread.is_alive() and got == [3]
+        assert rings.count(writer._full) == 0
+        # and the next read, having found one record, waits for the first
+        thread, got = _read_in_thread(reader, parts.capacity, True, cancel)
+        _asleep(reader)
+        assert writer.put((np.array([4]),))
+        thread.join(20)
+        assert not thread.is_alive() and got == [4]
+        assert rings.count(writer._full) == 1
+    finally:
+        cancel.set()
+        writer.release()
+        reader.release()
+        cancel.close()
+
+
+def test_a_reader_that_looks_before_it_sleeps_is_not_rung(parts, rings,
+                                                          monkeypatch):
+    """A record put while the reader looks at the words (before it sleeps)
+    is read without a ring."""
+    monkeypatch.setattr(shm_channel, "SPIN", 600.0)
+    writer, reader = ShmChannel(parts.desc), ShmChannel(parts.desc)
+    reader._spins = True
+    cancel = CancelEvent()
+    looking = threading.Event()
+    plain_spin = reader._spin
+
+    def spin(want):
+        looking.set()
+        return plain_spin(want)
+
+    reader._spin = spin
+    thread, got = _read_in_thread(reader, 1, True, cancel)
+    try:
+        assert looking.wait(20)
+        assert writer.put((np.array([7]),))
+        thread.join(20)
+        assert not thread.is_alive() and got == [7]
+        assert rings == []
+    finally:
+        cancel.set()
+        reader.abort()
+        thread.join(20)
+        writer.release()
+        reader.release()
+        cancel.close()
+
+
+@pytest.mark.parametrize("spin", [0.0, shm_channel.SPIN])
+def test_bulk_readers_on_several_threads_miss_no_wake_up(parts, monkeypatch,
+                                                         spin):
+    """Readers taking what is there (a drain) and readers of 1 or 2 records,
+    on threads of one end, sleeping for batches and for their own counts:
+    every record is read once, none sleeps through its records."""
+    monkeypatch.setattr(shm_channel, "SAFETY_WAKE", 600.0)
+    monkeypatch.setattr(shm_channel, "SPIN", spin)
+    n = 3000
+    producer = FORK.Process(target=_produce_in_bursts, args=(parts.desc, n))
+    channel, cancel = ShmChannel(parts.desc), CancelEvent()
+    got, lock = [], threading.Lock()
+
+    def read(size, available):
+        take = channel.get_available if available else channel.get
+        while True:
+            records, finished, done = take(size, cancel)
+            if finished:
+                return
+            with lock:
+                got.extend(int(r[0][0]) for r in records)
+            done()
+
+    readers = [threading.Thread(target=read, args=args)
+               for args in ((parts.capacity, True), (3, True), (1, False),
+                            (2, False))]
+    watchdog = threading.Timer(60, cancel.set)
+    try:
+        watchdog.start()
+        producer.start()
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join(90)
+        assert not any(t.is_alive() for t in readers)
+        assert not cancel.is_set(), "a reader slept through its records"
+        assert sorted(got) == list(range(n))
+    finally:
+        watchdog.cancel()
+        cancel.set()
+        producer.kill()
+        producer.join(10)
+        channel.release()
+        cancel.close()
+
+
 def test_a_cross_node_queue_larger_than_a_fifo_holds_is_refused():
     from localcluster.errors import PlanError
     from localcluster.runtime.shm_channel import MAX_CAPACITY
@@ -764,3 +972,177 @@ def test_a_drain_takes_one_record_a_call_from_a_channel_without_bulk_reads():
                for _ in range(4)]
     assert results == [False, False, False, True]
     assert channel.asked == [1, 1, 1, 1]
+
+
+def test_a_drop_takes_what_a_bulk_read_takes_and_hands_the_slots_back(parts):
+    """`drop_available` counts what `get_available` would give, in the
+    same calls, and the slots of a shared-memory channel are free again
+    at once: the writer fills the queue anew without waiting."""
+    for channel in (ShmChannel(parts.desc), _local_channel(8)):
+        watchdog = threading.Timer(20, channel.abort)
+        watchdog.start()
+        try:
+            for rounds in range(3):
+                for i in range(8):
+                    assert channel.put((np.array([i]),))
+                assert channel.drop_available(3) == (3, False)
+                assert channel.drop_available(8) == (5, False)
+            assert channel.put((np.array([1]),))
+            channel.close()
+            assert channel.drop_available(8) == (1, False)
+            assert channel.drop_available(8) == (0, True)
+        finally:
+            watchdog.cancel()
+            if isinstance(channel, ShmChannel):
+                channel.release()
+
+
+@given(st.lists(st.one_of(st.tuples(st.just("put"), st.integers(0, 99)),
+                          st.tuples(st.sampled_from(["get", "drop"]),
+                                    st.integers(1, 6))),
+                max_size=40))
+@settings(max_examples=40, deadline=None)
+def test_drops_and_bulk_reads_leave_the_records_single_reads_would(steps):
+    """Records dropped are the ones a bulk read of as many would give: what
+    is read next is what single reads would have read after them."""
+    channel, model = _local_channel(64), []
+    for kind, value in steps:
+        if kind == "put" and len(model) < 64:
+            channel.put((np.array([value]),))
+            model.append(value)
+        elif kind == "get" and model:
+            records, _, _ = channel.get_available(value)
+            assert _values(records) == model[:value]
+            del model[:value]
+        elif kind == "drop" and model:
+            assert channel.drop_available(value) == (min(value, len(model)),
+                                                     False)
+            del model[:value]
+    channel.close()
+    got = []
+    while True:
+        records, finished, _ = channel.get(1)
+        if finished:
+            break
+        got += _values(records)
+    assert got == model
+
+
+def _enqueue_net():
+    net = Net("put")
+    net.ConstantFill([], ["x"], shape=[2], value=3.0)
+    net.EnqueueRecord(["x"], ["closed"], queue="q", capacity=2)
+    return net
+
+
+def _run_enqueue(resources):
+    from localcluster.runtime.executor import RunContext, execute
+    from localcluster.runtime.workspace import Workspace
+    from localcluster.plan.step import execution_step
+    ws = Workspace("n")
+    rc = RunContext("n", ws.lock, resources=resources)
+    rc.begin()
+    execute(execution_step("s", [_enqueue_net()]), ws, rc)
+    return ws.get("closed")
+
+
+def test_a_bound_enqueue_puts_and_answers_as_the_kernel_does():
+    """The executor calls EnqueueRecord through its binder (the lookups
+    done once per compiled op): the record queued, False while open, True
+    once the queue is closed -- as the kernel answers."""
+    from localcluster.kernels.io_ops import enqueue_record
+    from localcluster.kernels.registry import OpContext
+    channel = _local_channel(2)
+    hub = _Hub(channel)
+    assert _run_enqueue({"queues": hub}).tolist() is False
+    records, _, _ = channel.get(1)
+    assert records[0][0].tolist() == [3.0, 3.0]
+    ctx = OpContext("n", threading.Lock(), CancelEvent(), _drain_context(
+        channel), {"queues": hub})
+    assert enqueue_record(ctx, np.zeros(1), queue="q",
+                          capacity=2).tolist() is False
+    channel.close()
+    assert _run_enqueue({"queues": hub}).tolist() is True
+    assert enqueue_record(ctx, np.zeros(1), queue="q",
+                          capacity=2).tolist() is True
+
+
+def test_a_bound_enqueue_without_queues_fails_as_the_kernel_does():
+    from localcluster.errors import TaskFailedError
+    with pytest.raises(TaskFailedError,
+                       match="this session does not provide queues"):
+        _run_enqueue({})
+
+
+def _produce_paced(desc, n, pauses):
+    """Records 0..n-1, pausing ``pauses[i % len(pauses)]`` seconds after
+    record i: bursts and gaps, so the reader sleeps for records, for
+    batches and not at all."""
+    channel, cancel = ShmChannel(desc), CancelEvent()
+    for i in range(n):
+        channel.put((np.array([i]),), cancel)
+        if pauses[i % len(pauses)]:
+            time.sleep(pauses[i % len(pauses)])
+    channel.close()
+
+
+@given(reads=st.lists(st.tuples(st.sampled_from(["get", "available", "drop"]),
+                                st.integers(1, 8)), min_size=1, max_size=12),
+       pauses=st.lists(st.sampled_from([0.0, 0.0, 0.0, 0.0002, 0.002]),
+                       min_size=1, max_size=8),
+       spin=st.sampled_from([0.0, 50e-6]))
+@settings(max_examples=12, deadline=None)
+def test_any_mix_of_reads_sees_the_records_in_order_across_processes(
+        reads, pauses, spin):
+    """Whatever reads a reader makes -- of n records, of what is there, or
+    drops -- against a writer process that pauses or not, the records
+    come in order, none lost or repeated, and every read ends: the
+    reader's sleeps (for its records, for a batch, after a look) never
+    miss their ring."""
+    n = 400
+    plain = (shm_channel.SAFETY_WAKE, shm_channel.SPIN,
+             shm_channel.BATCH_WAIT)
+    shm_channel.SAFETY_WAKE, shm_channel.SPIN = 600.0, spin
+    shm_channel.BATCH_WAIT = 0.002
+    parts = ChannelParts(shm.session_prefix() + "qmix_", 8)
+    producer = FORK.Process(target=_produce_paced,
+                            args=(parts.desc, n, pauses))
+    channel, cancel = ShmChannel(parts.desc), CancelEvent()
+    channel._spins = bool(spin)
+    watchdog = threading.Timer(60, cancel.set)
+    try:
+        watchdog.start()
+        producer.start()
+        seen, step = 0, 0
+        while True:
+            kind, size = reads[step % len(reads)]
+            step += 1
+            if kind == "drop":
+                count, finished = channel.drop_available(size, cancel)
+                assert count <= size
+                seen += count
+            else:
+                take = channel.get if kind == "get" else \
+                    channel.get_available
+                records, finished, done = take(size, cancel)
+                assert _values(records) == list(range(seen,
+                                                      seen + len(records)))
+                assert len(records) <= size
+                if kind == "get" and not finished and seen + size <= n:
+                    assert len(records) == size
+                seen += len(records)
+                if done is not None:
+                    done()
+            if finished:
+                break
+        assert seen == n and not cancel.is_set()
+    finally:
+        watchdog.cancel()
+        cancel.set()
+        producer.kill()
+        producer.join(10)
+        channel.release()
+        parts.close()
+        cancel.close()
+        (shm_channel.SAFETY_WAKE, shm_channel.SPIN,
+         shm_channel.BATCH_WAIT) = plain
