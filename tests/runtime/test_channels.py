@@ -233,26 +233,29 @@ def _produce_in_bursts(desc, n):
     channel.close()
 
 
-def test_readers_on_several_threads_miss_no_wake_up(parts, monkeypatch):
-    """Readers of one end sleep and wake on one doorbell: one that drains
-    a ring others were woken by too must not leave them asleep."""
-    monkeypatch.setattr(shm_channel, "SAFETY_WAKE", 600.0)
+def _readers_see_every_record_once(parts, reads):
+    """Reader threads of one end -- ``reads`` of ``(size, available)``: a
+    get of ``size`` records, or (``available``) of what is there, up to
+    ``size`` -- against a producer process putting 3000 records in
+    bursts: every record is read once, and none sleeps through its
+    records (the safety wake is 10 minutes: a watchdog cancels after 60
+    s)."""
     n = 3000
     producer = FORK.Process(target=_produce_in_bursts, args=(parts.desc, n))
     channel, cancel = ShmChannel(parts.desc), CancelEvent()
     got, lock = [], threading.Lock()
 
-    def read(size):
+    def read(size, available):
+        take = channel.get_available if available else channel.get
         while True:
-            records, finished, done = channel.get(size, cancel)
+            records, finished, done = take(size, cancel)
             if finished:
                 return
             with lock:
                 got.extend(int(r[0][0]) for r in records)
             done()
 
-    readers = [threading.Thread(target=read, args=(size,))
-               for size in (1, 1, 2)]
+    readers = [threading.Thread(target=read, args=args) for args in reads]
     watchdog = threading.Timer(60, cancel.set)
     try:
         watchdog.start()
@@ -271,6 +274,14 @@ def test_readers_on_several_threads_miss_no_wake_up(parts, monkeypatch):
         producer.join(10)
         channel.release()
         cancel.close()
+
+
+def test_readers_on_several_threads_miss_no_wake_up(parts, monkeypatch):
+    """Readers of one end sleep and wake on one doorbell: one that drains
+    a ring others were woken by too must not leave them asleep."""
+    monkeypatch.setattr(shm_channel, "SAFETY_WAKE", 600.0)
+    _readers_see_every_record_once(parts, [(1, False), (1, False),
+                                           (2, False)])
 
 
 @pytest.fixture
@@ -443,42 +454,9 @@ def test_bulk_readers_on_several_threads_miss_no_wake_up(parts, monkeypatch,
     every record is read once, none sleeps through its records."""
     monkeypatch.setattr(shm_channel, "SAFETY_WAKE", 600.0)
     monkeypatch.setattr(shm_channel, "SPIN", spin)
-    n = 3000
-    producer = FORK.Process(target=_produce_in_bursts, args=(parts.desc, n))
-    channel, cancel = ShmChannel(parts.desc), CancelEvent()
-    got, lock = [], threading.Lock()
-
-    def read(size, available):
-        take = channel.get_available if available else channel.get
-        while True:
-            records, finished, done = take(size, cancel)
-            if finished:
-                return
-            with lock:
-                got.extend(int(r[0][0]) for r in records)
-            done()
-
-    readers = [threading.Thread(target=read, args=args)
-               for args in ((parts.capacity, True), (3, True), (1, False),
-                            (2, False))]
-    watchdog = threading.Timer(60, cancel.set)
-    try:
-        watchdog.start()
-        producer.start()
-        for t in readers:
-            t.start()
-        for t in readers:
-            t.join(90)
-        assert not any(t.is_alive() for t in readers)
-        assert not cancel.is_set(), "a reader slept through its records"
-        assert sorted(got) == list(range(n))
-    finally:
-        watchdog.cancel()
-        cancel.set()
-        producer.kill()
-        producer.join(10)
-        channel.release()
-        cancel.close()
+    _readers_see_every_record_once(parts, [(parts.capacity, True),
+                                           (3, True), (1, False),
+                                           (2, False)])
 
 
 def test_a_cross_node_queue_larger_than_a_fifo_holds_is_refused():
