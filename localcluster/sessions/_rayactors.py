@@ -178,6 +178,9 @@ class BookActor:
         self.times = [0.0] * size
         return os.getpid()
 
+    def pid(self):
+        return os.getpid()
+
     def take(self, index):
         if self.times[index]:
             return False

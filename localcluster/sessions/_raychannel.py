@@ -105,6 +105,9 @@ class ChannelActor:
             self._cond.notify_all()
         return os.getpid()
 
+    def pid(self):
+        return os.getpid()
+
     async def put_many(self, records, run):
         """Append ``records`` of run ``run`` as room frees: "ok", "closed"
         or "aborted"."""

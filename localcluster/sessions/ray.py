@@ -51,6 +51,7 @@ import os
 import time
 
 import numpy as np
+import psutil
 
 try:
     import ray
@@ -86,6 +87,8 @@ CANCEL_GRACE = 1.0
 REQUEST_TIMEOUT = 60.0
 #: seconds a node's actor may take to start (placement included)
 START_TIMEOUT = 120.0
+#: seconds `close()` waits for the processes of the actors it killed
+CLOSE_WAIT = 10.0
 
 
 class _Node:
@@ -327,10 +330,13 @@ class RaySession(Session):
                 log.debug("fault book unreadable at close", exc_info=True)
         if self._pool is not None:
             self._give_back()
-        for actor in [n.actor for n in self._nodes.values()] + \
-                list(self._queue_actors.values()) + \
-                ([self._book] if self._book is not None else []):
+        others = list(self._queue_actors.values()) + \
+            ([self._book] if self._book is not None else [])
+        pids = [n.pid for n in self._nodes.values()] + _pids_of(others)
+        for actor in [n.actor for n in self._nodes.values()] + others:
             _kill(actor)
+        # Ray kills asynchronously: closed means the processes are gone
+        _wait_gone(pids, CLOSE_WAIT)
         self._book = None
         self._nodes.clear()
         self._queue_actors.clear()
@@ -482,6 +488,44 @@ def _kill(actor):
         ray.kill(actor, no_restart=True)
     except Exception:  # noqa: BLE001 - dead already
         pass
+
+
+def _pids_of(actors):
+    """The process ids of ``actors`` (channel actors, the fault book)
+    that answer within a second; one that does not is left out."""
+    refs = [actor.pid.remote() for actor in actors]
+    if not refs:
+        return []
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0)
+    pids = []
+    for ref in ready:
+        try:
+            pids.append(ray.get(ref, timeout=0))
+        except Exception:  # noqa: BLE001 - dead already
+            pass
+    return pids
+
+
+def _wait_gone(pids, timeout):
+    """Wait up to ``timeout`` seconds for the killed actors' processes
+    among ``pids`` that run on this machine (a Ray worker's process, by
+    its name: a pid of another machine's actor is not waited for)."""
+    procs = []
+    for pid in pids:
+        if pid is None or pid == os.getpid():
+            continue
+        try:
+            proc = psutil.Process(pid)
+            title = " ".join(proc.cmdline()) or proc.name()
+        except psutil.Error:
+            continue
+        if title.startswith(("ray::", "localcluster: ")):
+            procs.append(proc)
+    if procs:
+        _, alive = psutil.wait_procs(procs, timeout=timeout)
+        for proc in alive:
+            log.warning("a killed node actor's process %d is still running "
+                        "%.0f s after close()", proc.pid, timeout)
 
 
 def _reason(exc):

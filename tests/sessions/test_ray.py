@@ -73,6 +73,19 @@ def test_a_group_runs_on_actors_and_its_outputs_come_back(session):
     assert session.node_pids() == pids
 
 
+def test_close_returns_once_the_killed_actors_processes_are_gone(
+        ray_instance):
+    """Ray kills an actor asynchronously; close() waits for the
+    processes, so a caller (a leak check, a test's teardown) finds none
+    running -- under load one ran seconds after close() returned."""
+    session = RaySession()
+    group, _ = two_nodes()
+    session.run(group)
+    procs = [psutil.Process(pid) for pid in session.node_pids().values()]
+    session.close()
+    assert [p.pid for p in procs if running(p)] == []
+
+
 def test_blobs_feed_fetch_and_what_is_missing(session):
     assert not session.has_blob("z", "c")    # starts nothing
     assert "c" not in session.node_pids()
