@@ -1,6 +1,7 @@
 """The shared-memory queue channel on its own, between two processes."""
 
 import array
+import contextlib
 import os
 import fcntl
 import multiprocessing
@@ -309,6 +310,27 @@ def _asleep(channel, sleepers=1):
         time.sleep(0.001)
 
 
+@contextlib.contextmanager
+def _two_ends(parts):
+    """``(writer, reader, cancel)``: both ends of one channel and the
+    run's cancellation.  At the end the run is cancelled and the reader
+    aborted (a reader thread still waiting wakes), the threads started
+    meanwhile joined, both ends released."""
+    writer, reader = ShmChannel(parts.desc), ShmChannel(parts.desc)
+    cancel = CancelEvent()
+    before = set(threading.enumerate())
+    try:
+        yield writer, reader, cancel
+    finally:
+        cancel.set()
+        reader.abort()
+        for thread in set(threading.enumerate()) - before:
+            thread.join(20)
+        writer.release()
+        reader.release()
+        cancel.close()
+
+
 def _read_in_thread(channel, n, available=False, cancel=None):
     """A thread reading ``n`` records (`get`, or `get_available`); what it
     read is in the returned list once it ends."""
@@ -331,10 +353,8 @@ def test_a_reader_of_several_records_is_rung_once_they_are_all_there(
     """A read of 4 records sleeps until the queue holds 4: the writer rings
     once, as the fourth is put -- not at the first, to find it short of
     three more (and so on: a ring per record)."""
-    writer, reader = ShmChannel(parts.desc), ShmChannel(parts.desc)
-    cancel = CancelEvent()
-    thread, got = _read_in_thread(reader, 4, cancel=cancel)
-    try:
+    with _two_ends(parts) as (writer, reader, cancel):
+        thread, got = _read_in_thread(reader, 4, cancel=cancel)
         _asleep(reader)
         for i in range(3):
             assert writer.put((np.array([i]),))
@@ -343,12 +363,6 @@ def test_a_reader_of_several_records_is_rung_once_they_are_all_there(
         thread.join(20)
         assert not thread.is_alive() and got == [0, 1, 2, 3]
         assert rings.count(writer._full) == 1
-    finally:
-        cancel.set()
-        thread.join(20)
-        writer.release()
-        reader.release()
-        cancel.close()
 
 
 def test_a_reader_behind_its_writer_sleeps_for_a_batch(parts, rings,
@@ -357,9 +371,7 @@ def test_a_reader_behind_its_writer_sleeps_for_a_batch(parts, rings,
     sleeps for a batch: rung once half the queue is there, not at the
     first record."""
     monkeypatch.setattr(shm_channel, "BATCH_WAIT", 600.0)
-    writer, reader = ShmChannel(parts.desc), ShmChannel(parts.desc)
-    cancel = CancelEvent()
-    try:
+    with _two_ends(parts) as (writer, reader, cancel):
         for i in range(3):
             assert writer.put((np.array([i]),))
         records, _, done = reader.get_available(parts.capacity)
@@ -375,11 +387,6 @@ def test_a_reader_behind_its_writer_sleeps_for_a_batch(parts, rings,
         thread.join(20)
         assert not thread.is_alive() and got == list(range(3, 3 + batch))
         assert rings.count(writer._full) == 1
-    finally:
-        cancel.set()
-        writer.release()
-        reader.release()
-        cancel.close()
 
 
 def test_a_reader_waiting_for_a_batch_takes_what_came_after_a_while(
@@ -387,9 +394,7 @@ def test_a_reader_waiting_for_a_batch_takes_what_came_after_a_while(
     """The batch is not waited for long: a writer that puts one record and
     then does something else has it read, without a ring."""
     monkeypatch.setattr(shm_channel, "BATCH_WAIT", 0.01)
-    writer, reader = ShmChannel(parts.desc), ShmChannel(parts.desc)
-    cancel = CancelEvent()
-    try:
+    with _two_ends(parts) as (writer, reader, cancel):
         for i in range(3):
             assert writer.put((np.array([i]),))
         _, _, done = reader.get_available(parts.capacity)
@@ -407,11 +412,6 @@ def test_a_reader_waiting_for_a_batch_takes_what_came_after_a_while(
         thread.join(20)
         assert not thread.is_alive() and got == [4]
         assert rings.count(writer._full) == 1
-    finally:
-        cancel.set()
-        writer.release()
-        reader.release()
-        cancel.close()
 
 
 def test_a_reader_that_looks_before_it_sleeps_is_not_rung(parts, rings,
@@ -419,31 +419,22 @@ def test_a_reader_that_looks_before_it_sleeps_is_not_rung(parts, rings,
     """A record put while the reader looks at the words (before it sleeps)
     is read without a ring."""
     monkeypatch.setattr(shm_channel, "SPIN", 600.0)
-    writer, reader = ShmChannel(parts.desc), ShmChannel(parts.desc)
-    reader._spins = True
-    cancel = CancelEvent()
     looking = threading.Event()
-    plain_spin = reader._spin
+    with _two_ends(parts) as (writer, reader, cancel):
+        reader._spins = True
+        plain_spin = reader._spin
 
-    def spin(want):
-        looking.set()
-        return plain_spin(want)
+        def spin(want):
+            looking.set()
+            return plain_spin(want)
 
-    reader._spin = spin
-    thread, got = _read_in_thread(reader, 1, True, cancel)
-    try:
+        reader._spin = spin
+        thread, got = _read_in_thread(reader, 1, True, cancel)
         assert looking.wait(20)
         assert writer.put((np.array([7]),))
         thread.join(20)
         assert not thread.is_alive() and got == [7]
         assert rings == []
-    finally:
-        cancel.set()
-        reader.abort()
-        thread.join(20)
-        writer.release()
-        reader.release()
-        cancel.close()
 
 
 @pytest.mark.parametrize("spin", [0.0, shm_channel.SPIN])
