@@ -32,12 +32,15 @@ timed from the driver:
 Each system is measured with only its own engine running (localcluster,
 then Ray, then Dask): none pays for another's idle daemons.  The warm
 works reuse the engine of a peer's last start-up sample (a Ray shared by
-RaySession and the plain actors; a Dask cluster of 4 workers).  A peer
+RaySession and the plain actors, which take their samples of each work
+in turns: RaySession's rows are ratios to the plain actors'; a Dask
+cluster of 4 workers).  A peer
 not installed is skipped; a pair that fails is an error, its traceback
 on the log, and the others still run.
 """
 
 import contextlib
+import gc
 import os
 import sys
 import time
@@ -85,7 +88,7 @@ class Plan:
 # its budget
 FULL = Plan({4: 3, 16: 2}, {"localhost": 1000, "local": 2000,
                             "raysession": 200, "ray": 200, "dask": 150},
-            64 * MiB, 5, 2000, 200, 2)
+            64 * MiB, 15, 2000, 200, 2)
 QUICK = Plan({4: 1}, dict.fromkeys(SYSTEMS, 20), 8 * MiB, 1, 200, 20, 1)
 
 
@@ -218,7 +221,7 @@ def _warm(plan, out, system, kept, start_once):
     try:
         if work is None:
             _, work, stop = start_once(4)
-        _warm_works(plan, out, system, work)
+        _warm_works(plan, out, {system: work})
     except Exception as exc:  # noqa: BLE001 - no engine: every work an error
         out.fail(WARM_WORKS, system, exc)
     finally:
@@ -226,29 +229,64 @@ def _warm(plan, out, system, kept, start_once):
             stop()
 
 
-def _warm_works(plan, out, system, work):
-    """noop/fetch/queue on a system's warm engine; ``work``'s methods set
-    a work up (untimed) and return its timed call."""
-    def fetch():
-        call = work.fetch(plan.fetch_bytes)
+def _warm_works(plan, out, works):
+    """noop/fetch/queue on warm engines: ``works`` maps each system to
+    its work, whose methods set a work up (untimed) and return its timed
+    call.  Systems on one engine (RaySession and the plain actors on one
+    Ray) take their samples of a work in turns -- one of each, then the
+    next -- so that what the engine and the machine do meanwhile falls
+    on both alike."""
+    def fetched(call):
         got = call()
         if got.shape != (plan.fetch_bytes // 8,) or got[-1] != 1.5:
             raise AssertionError(f"fetched {got!r}, not the array")
-        return samples(timed(call), plan.fetch_samples)
+        return call
 
-    def noop():
+    def noop(work, system):
         call = work.noop()
         samples(timed(call), 10)   # warm-up: plans cached, connections made
-        return samples(timed(call), plan.noop_rounds[system])
+        return call, plan.noop_rounds[system]
 
-    out.record("noop_4", system, noop)
-    out.record("fetch_64mib", system, fetch,
-               None if plan.fetch_bytes == 64 * MiB else
-               f"{plan.fetch_bytes // MiB} MiB in a quick run")
+    setups = [
+        ("noop_4", noop, None),
+        ("fetch_64mib",
+         lambda work, _: (fetched(work.fetch(plan.fetch_bytes)),
+                          plan.fetch_samples),
+         None if plan.fetch_bytes == 64 * MiB else
+         f"{plan.fetch_bytes // MiB} MiB in a quick run")]
     for key, n, size in (("queue_small", plan.queue_small, 1),
                          ("queue_1mib", plan.queue_big, MiB // 8)):
-        out.record(key, system, lambda: samples(timed(work.queue(n, size)),
-                                                  plan.queue_samples))
+        setups.append((key, lambda work, _, n=n, size=size: (
+            work.queue(n, size), plan.queue_samples), None))
+    for key, setup, note in setups:
+        try:
+            calls = {system: setup(work, system)
+                     for system, work in works.items()}
+            got = _in_turns(calls)
+        except Exception as exc:  # noqa: BLE001 - an error pair each
+            for system in works:
+                out.fail([key], system, exc)
+            continue
+        for system in works:
+            out.record(key, system, lambda s=system: got[s], note)
+
+
+def _in_turns(calls):
+    """``{system: [seconds, ...]}`` of ``calls`` (system -> ``(call,
+    times)``), one sample of each system in turn, the garbage collector
+    off (see `samples`)."""
+    got = {system: [] for system in calls}
+    timers = {system: timed(call) for system, (call, _) in calls.items()}
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(max(times for _, times in calls.values())):
+            for system, (_, times) in calls.items():
+                if i < times:
+                    got[system].append(timers[system]())
+    finally:
+        gc.enable()
+    return got
 
 
 # -- processes --------------------------------------------------------------------
@@ -453,9 +491,11 @@ def _measure_ray(plan, out, reaper, ray):
             reaper.stopped(bench_ray.stop_ray)
             _, work, stop = ray_start(4)
         session = RaySession()   # on the Ray up, which it leaves up
-        _warm(plan, out, "raysession", (_SessionWork(session), session.close),
-              None)
-        _warm(plan, out, "ray", (work, None), None)
+        try:
+            _warm_works(plan, out, {"raysession": _SessionWork(session),
+                                    "ray": work})
+        finally:
+            session.close()
     except Exception as exc:  # noqa: BLE001 - no Ray: every work an error
         out.fail(WARM_WORKS, "raysession", exc)
         out.fail(WARM_WORKS, "ray", exc)
