@@ -96,8 +96,8 @@ def drain_records(ctx, queue=None, capacity=1):
     op, one channel call and no copy for all of them.
 
     A channel without ``drop_available`` (a link's reading end, which
-    holds each record until it has arrived; a channel of another engine)
-    gives one record a call, so per-record conditions hold as they did.
+    holds each record until it has arrived) gives one record a call, so
+    per-record conditions hold as they did.
     A shared-memory channel makes no view on the records it drops."""
     channel = _channel(ctx, queue, capacity)
     drop = getattr(channel, "drop_available", None)

@@ -294,6 +294,26 @@ class RayChannel:
                    for _ in range(min(n, len(self._inbox)))]
         return records, not records, None
 
+    def drop_available(self, n, cancelled=None, clock=REAL_TIME):
+        """Drop up to ``n`` of the records there are -- those taken
+        already, or else up to ``n`` of those the channel holds once it
+        holds one (or the close): one call for them all, none unpickled
+        or copied.  ``(how many, finished)``, as a shared-memory
+        channel's (a drain's read: see `localcluster.kernels.io_ops`)."""
+        if cancelled is not None and cancelled.is_set():
+            self._cancelled()
+        n = max(1, int(n))
+        if self._inbox:
+            take = min(n, len(self._inbox))
+            for _ in range(take):
+                self._inbox.popleft()
+            return take, False
+        status, records = _metered_get(self._handle.get_many.remote(
+            1, min(n, BATCH)))
+        if status == "aborted":
+            self._cancelled()
+        return len(records), not records
+
 
 #: a blocking ray.get, its time noted as a wait (not an op's work: see
 #: `localcluster.runtime.links`)

@@ -86,6 +86,32 @@ def test_a_get_of_n_gives_n_or_what_is_left_once_closed(channel):
     assert reader.get(3)[:2] == ([], True)
 
 
+def test_a_drain_drops_what_is_there_in_one_call_and_then_the_end(
+        channel, monkeypatch):
+    """A pipe that looks at no record drains its queue: `drop_available`
+    drops what the reader took already, else up to ``n`` of what the
+    channel holds in one remote call (a call per record was the
+    per-record cost a drain avoids), and reports the end once closed and
+    empty; what is left is read in order."""
+    from localcluster.sessions import _raychannel
+    calls = []
+    plain_get = _raychannel._metered_get
+    monkeypatch.setattr(_raychannel, "_metered_get",
+                        lambda ref: calls.append(ref) or plain_get(ref))
+    writer, reader = channel(64)
+    for i in range(40):
+        writer.put((np.array(i),))
+    writer._sent()                     # all 40 are in the channel
+    assert reader.drop_available(30) == (30, False)
+    assert len(calls) == 1
+    assert values(reader.get(1)[0]) == [30]     # takes the rest: 31..39
+    assert reader.drop_available(4) == (4, False)   # of those, no call
+    assert len(calls) == 2
+    writer.close()
+    assert values(reader.get(9)[0]) == [35, 36, 37, 38, 39]
+    assert reader.drop_available(8) == (0, True)
+
+
 def test_a_writer_without_a_reader_stops_about_two_capacities_ahead(
         channel):
     writer, reader = channel(2)
