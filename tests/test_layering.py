@@ -488,3 +488,15 @@ def test_the_command_line_imports_modules_not_the_package_face():
 def test_the_entry_points_import_only_the_command_line():
     found = entry_point_imports(import_graph())
     assert not found, "\n".join(found)
+
+
+def test_a_command_line_that_does_not_check_leaves_the_testing_kit_unloaded():
+    """The kit (its checks and their modules) is imported by ``--check``
+    only: every other command line starts without it."""
+    import subprocess
+    import sys
+    code = ("import sys, localcluster.cli.run; print(sorted(m for m in "
+            "sys.modules if m.startswith('localcluster.testing')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    assert out.strip() == "[]"
