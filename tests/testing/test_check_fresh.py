@@ -40,3 +40,33 @@ def test_the_helper_waits_on_its_children_without_polling(tmp_path):
     # every wait is on descriptors: the request pipe and the child's
     assert timeouts and all(t is None for t in timeouts), timeouts
     assert out.stat().st_size > 0     # the child wrote its answer
+
+
+# -- reading requests ---------------------------------------------------------
+
+def test_the_helper_reads_a_big_frame_into_one_buffer():
+    """A frame of arrays is megabytes: read in pipe-sized chunks added
+    up, it was copied hundreds of times (page faults: its size squared
+    over the chunk's, where one buffer faults about its size once)."""
+    import resource
+    import threading
+    from localcluster.testing._check_fresh import _exactly
+    size = 16 << 20
+    payload = bytes(range(256)) * (size // 256)
+    r, w = os.pipe()
+
+    def write():
+        with os.fdopen(w, "wb") as f:
+            f.write(payload)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    try:
+        got = _exactly(r, size)
+    finally:
+        writer.join()
+        os.close(r)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    assert got == payload
+    assert faults < 4 * size // 4096, faults
