@@ -26,6 +26,18 @@ framed (token, length, bytes) and unpickled only in the child.  Every
 wait is bounded by the run's timeout; the helper ends when its pipe
 closes, after its children, and `close` reaps it.
 
+Most of what a run ends with is often what every run ends with (a
+dataset drawn from a seed: megabytes, where the weights are bytes), and
+pickling it back, writing, reading and unpickling it took a tenth of a
+second a run.  So the checks give the helper the big arrays of their
+uninterrupted runs (`FreshProcesses.know`, a frame of token 0, unpickled
+in the helper); its children inherit them, and an array a child ends
+with that is the same as one of them -- same type, dtype and shape, and
+the same bytes, compared byte for byte, no digest -- comes back as the
+number of that array, which `collect` replaces with a copy of the one
+this process holds.  An array that differs in a single byte comes back
+whole, so every verdict is on the values a run ended with.
+
 A ``build`` that cannot be pickled (a lambda, a closure, a function of
 ``__main__``) cannot cross: `picklable` says so and the checks then run
 in this process (what their result then notes).
@@ -45,6 +57,8 @@ import time
 import traceback
 import warnings
 
+import numpy as np
+
 from ..sessions._watcher import reap
 
 __all__ = ["FreshProcesses", "picklable", "Crossed", "type_name"]
@@ -58,6 +72,15 @@ POLL = 0.02
 
 #: children run at once (each case is single-threaded Python, mostly)
 WIDTH = max(1, min(2, os.cpu_count() or 1))
+
+#: arrays smaller than this always come back whole (see the module
+#: docstring): looking for them among the known ones would save little
+KNOWN_BYTES = 64 << 10
+
+#: the arrays the helper was given, as ``((dtype, shape), bytes)`` in
+#: the order given (a child's answer names one by its place here)
+_KNOWN = []
+
 
 
 def picklable(value):
@@ -86,6 +109,27 @@ def type_name(exc):
     return getattr(exc, "type_name", None) or type(exc).__name__
 
 
+class Known:
+    """In a child's answer: the array is, byte for byte, the known array
+    ``index`` (see the module docstring)."""
+
+    def __init__(self, index):
+        self.index = index
+
+
+def _comparable(value):
+    """Whether ``value`` may be answered as a `Known` array: a plain,
+    C-ordered array of plain numbers and big enough to matter."""
+    return (type(value) is np.ndarray and value.nbytes >= KNOWN_BYTES and
+            value.flags.c_contiguous and value.dtype.fields is None and
+            value.dtype.subdtype is None and not value.dtype.hasobject and
+            value.dtype.metadata is None)
+
+
+def _key(value):
+    return value.dtype.str, value.shape
+
+
 class FreshProcesses:
     """The helper process of one check (see the module docstring)."""
 
@@ -95,6 +139,9 @@ class FreshProcesses:
         self._pending = {}   # token -> (result file, deadline)
         self._finished = set()
         self._buffer = b""
+        self._known = []     # the arrays the helper was given, in order
+        #: bytes of the answers read (what crossing back cost)
+        self.received = 0
 
     def __enter__(self):
         return self
@@ -111,6 +158,34 @@ class FreshProcesses:
         self._proc = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, close_fds=True, env=env)
+
+    def know(self, blobs):
+        """Give the helper the big arrays of ``blobs`` (``{node: {name:
+        array}}``) it does not hold yet: a run submitted after this that
+        ends with one of them, byte for byte, answers with its number."""
+        new = []
+        for arrays in blobs.values():
+            for value in arrays.values():
+                if _comparable(value) and not any(
+                        _key(k) == _key(value) and
+                        k.tobytes() == value.tobytes()
+                        for k in self._known + new):
+                    new.append(value.copy())   # kept as it is now
+        if not new:
+            return
+        if self._proc is None:
+            self._start()
+        data = pickle.dumps(new, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            self._send(0, data)
+        except OSError:
+            raise RuntimeError("the checks' fresh-process helper ended "
+                               "unexpectedly") from None
+        self._known.extend(new)
+
+    def _send(self, token, data):
+        self._proc.stdin.write(struct.pack("<QQ", token, len(data)) + data)
+        self._proc.stdin.flush()
 
     def busy(self):
         """How many requests are running."""
@@ -138,9 +213,7 @@ class FreshProcesses:
             (build, kind, session_kwargs, directory, resume, max_restarts,
              max_epochs, timeout, _warning_filters()))
         try:
-            self._proc.stdin.write(struct.pack("<QQ", token, len(data)) +
-                                   data)
-            self._proc.stdin.flush()
+            self._send(token, data)
         except OSError:
             os.unlink(out)
             raise RuntimeError("the checks' fresh-process helper ended "
@@ -180,6 +253,7 @@ class FreshProcesses:
                 raise RuntimeError(
                     "a run in the checks' fresh process ended without a "
                     "result (killed? its stderr is above)")
+            self.received += len(data)
             ok, value = pickle.loads(data)
         finally:
             del self._pending[token]
@@ -188,6 +262,12 @@ class FreshProcesses:
             except OSError:
                 pass
         if ok:
+            if value.get("blobs"):
+                value["blobs"] = {
+                    node: {name: self._known[v.index].copy()
+                           if isinstance(v, Known) else v
+                           for name, v in arrays.items()}
+                    for node, arrays in value["blobs"].items()}
             return value
         raise value
 
@@ -234,6 +314,8 @@ def serve():
                 request = _exactly(stdin, size)
             if request is None:
                 open_ = False
+            elif token == 0:
+                _learn(request)
             else:
                 _preload(request)
                 pid = _fork(request, [fd for _, fd in children.values()
@@ -249,6 +331,36 @@ def serve():
                 os.close(fd)
             sys.stdout.buffer.write(b"done %d\n" % token)
             sys.stdout.buffer.flush()
+
+
+def _learn(request):
+    """Keep the arrays of a `FreshProcesses.know` frame (the children
+    forked after it inherit them)."""
+    for value in pickle.loads(request):
+        _KNOWN.append((_key(value), value.tobytes()))
+
+
+def _referred(blobs):
+    """``blobs`` with each array that is, byte for byte, a known one
+    (same dtype and shape) replaced by its `Known` number."""
+    if not blobs or not _KNOWN:
+        return blobs
+    out = {}
+    for node, arrays in blobs.items():
+        out[node] = {}
+        for name, value in arrays.items():
+            if _comparable(value):
+                key, data = _key(value), None
+                for index, (known, kept) in enumerate(_KNOWN):
+                    if known != key:
+                        continue
+                    if data is None:
+                        data = value.tobytes()
+                    if data == kept:
+                        value = Known(index)
+                        break
+            out[node][name] = value
+    return out
 
 
 def _pidfd(pid):
@@ -332,6 +444,7 @@ def _child(request):
                "switches": None, "preemptions": 0}
     if got["error"] is not None:
         got["error"] = _crossing(got["error"])
+    got["blobs"] = _referred(got["blobs"])
     result = (True, got)
     with open(out, "wb") as f:
         pickle.dump(result, f)

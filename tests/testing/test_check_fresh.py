@@ -8,6 +8,8 @@ import struct
 import subprocess
 import sys
 
+import numpy as np
+
 import localcluster
 
 #: runs the helper's loop with ``select.select`` watched, on one request
@@ -40,6 +42,66 @@ def test_the_helper_waits_on_its_children_without_polling(tmp_path):
     # every wait is on descriptors: the request pipe and the child's
     assert timeouts and all(t is None for t in timeouts), timeouts
     assert out.stat().st_size > 0     # the child wrote its answer
+
+
+# -- what a run's answer carries back -------------------------------------------
+
+def _trained(fresh, build, directory):
+    return fresh.collect(fresh.submit(
+        build, "local", {}, str(directory), resume=None, max_restarts=0,
+        max_epochs=None, timeout=60))
+
+
+def test_an_array_the_helper_was_given_comes_back_as_its_number(tmp_path):
+    from _jobs import table_job
+    from localcluster.testing._check_fresh import KNOWN_BYTES, FreshProcesses
+    with FreshProcesses() as fresh:
+        first = _trained(fresh, table_job, tmp_path / "first")
+        table = first["blobs"]["a"]["table"]
+        assert table.nbytes >= KNOWN_BYTES
+        fresh.know(first["blobs"])
+        before = fresh.received
+        again = _trained(fresh, table_job, tmp_path / "again")
+        # the run's answer is its small blobs and a number, not the table
+        assert fresh.received - before < table.nbytes // 8
+        got = again["blobs"]["a"]["table"]
+        assert got is not table and got.dtype == table.dtype
+        assert got.tobytes() == table.tobytes()
+        assert again["blobs"]["a"]["w"] == first["blobs"]["a"]["w"]
+        got[:] = -1      # a copy of its own: what the helper holds is not
+        third = _trained(fresh, table_job, tmp_path / "third")
+        assert third["blobs"]["a"]["table"].tobytes() == table.tobytes()
+
+
+def test_an_array_that_differs_in_one_byte_comes_back_whole(tmp_path):
+    from _jobs import table_job
+    from localcluster.testing._check_fresh import FreshProcesses
+    with FreshProcesses() as fresh:
+        first = _trained(fresh, table_job, tmp_path / "first")
+        table = first["blobs"]["a"]["table"]
+        near = table.copy()
+        near.view(np.uint8)[-1] ^= 1     # its last byte, one bit
+        fresh.know({"a": {"table": near}})
+        before = fresh.received
+        again = _trained(fresh, table_job, tmp_path / "again")
+        assert fresh.received - before > table.nbytes
+        assert again["blobs"]["a"]["table"].tobytes() == table.tobytes()
+
+
+def test_the_checks_give_the_helper_their_uninterrupted_runs(tmp_path):
+    from _jobs import table_job
+    from localcluster.testing._check_runs import Runs
+    runs = Runs(table_job)
+    try:
+        ref = runs.reference("local")
+        before = runs.fresh.received
+        out = runs.run("local", "again")
+        assert runs.fresh.received - before < \
+            ref.blobs["a"]["table"].nbytes // 8
+        assert out.blobs["a"]["table"].tobytes() == \
+            ref.blobs["a"]["table"].tobytes()
+    finally:
+        runs.close()
 
 
 # -- reading requests ---------------------------------------------------------
