@@ -12,7 +12,8 @@ they run independent cases side by side, one per core.
         outcome = fresh.collect(token)   # a dict, or raises what it raised
 
 One helper process is started with this process's ``sys.path`` (so
-``build``'s module imports there as it does here); it imports the
+``build``'s module imports there as it does here; and OpenBLAS's idle
+threads sleeping at once, `BLAS_THREAD_TIMEOUT`); it imports the
 package and nothing of the job, then forks one child per request, which
 unpickles ``build`` (importing its module afresh), trains and writes what
 it ended with -- or the exception it raised -- to a file; the helper
@@ -72,6 +73,15 @@ POLL = 0.02
 
 #: children run at once (each case is single-threaded Python, mostly)
 WIDTH = max(1, min(2, os.cpu_count() or 1))
+
+#: the helper's ``OPENBLAS_THREAD_TIMEOUT`` (unless this process's
+#: environment sets one): OpenBLAS's idle threads wait for work by
+#: spinning 2**28 cycles (a tenth of a second) after every call it splits
+#: between them, and with two runs on two cores that spinning took a
+#: sixth of the checks' processor time from the other run.  2**4 cycles:
+#: they sleep at once.  Only when they sleep changes -- not how many there
+#: are, nor how a call is split, so not a bit of any result.
+BLAS_THREAD_TIMEOUT = "4"
 
 #: arrays smaller than this always come back whole (see the module
 #: docstring): looking for them among the known ones would save little
@@ -155,6 +165,7 @@ class FreshProcesses:
                 "_check_fresh import serve; serve()")
         env = dict(os.environ, LOCALCLUSTER_CHECK_PATH=json.dumps(
             [p for p in sys.path if isinstance(p, str)]))
+        env.setdefault("OPENBLAS_THREAD_TIMEOUT", BLAS_THREAD_TIMEOUT)
         self._proc = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, close_fds=True, env=env)

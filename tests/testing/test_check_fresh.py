@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import localcluster
 
@@ -132,3 +133,33 @@ def test_the_helper_reads_a_big_frame_into_one_buffer():
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     assert got == payload
     assert faults < 4 * size // 4096, faults
+
+
+# -- the helper's environment ---------------------------------------------------
+
+def _helper_environ(fresh):
+    import time
+    fresh._start()
+    deadline = time.monotonic() + 30
+    while b"serve()" not in open(f"/proc/{fresh._proc.pid}/cmdline",
+                                 "rb").read():   # not yet the helper
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    with open(f"/proc/{fresh._proc.pid}/environ", "rb") as f:
+        return dict(item.split(b"=", 1) for item in f.read().split(b"\0")
+                    if b"=" in item)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+def test_the_helper_tells_openblas_idle_threads_to_sleep_at_once(
+        monkeypatch):
+    """Its runs' idle BLAS threads spun a tenth of a second after every
+    split call, taking the other run's core: the helper starts with a
+    short OPENBLAS_THREAD_TIMEOUT, unless the caller chose one."""
+    from localcluster.testing._check_fresh import FreshProcesses
+    monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
+    with FreshProcesses() as fresh:
+        assert _helper_environ(fresh)[b"OPENBLAS_THREAD_TIMEOUT"] == b"4"
+    monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "20")
+    with FreshProcesses() as fresh:
+        assert _helper_environ(fresh)[b"OPENBLAS_THREAD_TIMEOUT"] == b"20"
