@@ -14,9 +14,12 @@ they run independent cases side by side, one per core.
 One helper process is started with this process's ``sys.path`` (so
 ``build``'s module imports there as it does here; and OpenBLAS's idle
 threads sleeping at once, `BLAS_THREAD_TIMEOUT`); it imports the
-package and nothing of the job, then forks one child per request, which
-unpickles ``build`` (importing its module afresh), trains and writes what
-it ended with -- or the exception it raised -- to a file; the helper
+package and what a session imports in every run (numpy's lazy
+submodules; a child then seeds numpy's global random state afresh, as
+its own import would have) and nothing of the job, then forks one child
+per request, which unpickles ``build`` (importing its module afresh),
+trains and writes what it ended with -- or the exception it raised -- to
+a file; the helper
 reaps it and answers ``done <token>``.  The helper imports the module
 ``build`` comes from before it forks (once: as a fresh import leaves it,
 since nothing of the job runs in the helper), so a child does not pay
@@ -306,6 +309,7 @@ def serve():
     are no process descriptors it looks every `POLL` seconds."""
     from ._check_train import train  # once, before forking
     del train
+    _preload_numpy()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner's Ctrl-C ends it
     children = {}   # pid -> (token, its process descriptor or None)
     stdin = 0   # read unbuffered: select() must see what is unread
@@ -383,6 +387,36 @@ def _pidfd(pid):
         return None
 
 
+#: numpy's global random state as `_preload_numpy` left it: a child that
+#: finds it so draws a fresh seed, as a fresh import would have
+_NUMPY_STATE = None
+
+
+def _preload_numpy():
+    """Import what a session imports in each run (numpy's lazily loaded
+    submodules, `localcluster.sessions._zygote.PRELOAD`: most of a run's
+    imports, some 20 ms of each child's) once, before forking."""
+    global _NUMPY_STATE
+    from ..sessions._zygote import preload
+    preload()
+    if "numpy.random" in sys.modules:
+        _NUMPY_STATE = np.random.get_state()
+
+
+def _fresh_numpy_seed():
+    """In a child: numpy's global random state seeded afresh from the
+    system, as the import in a fresh process seeds it -- unless the
+    module the helper imported for ``build`` set or drew from it (then
+    the children find it as a fresh import of that module leaves it, as
+    they always did)."""
+    if _NUMPY_STATE is None:
+        return
+    state = np.random.get_state()
+    if state[0] == _NUMPY_STATE[0] and state[2:] == _NUMPY_STATE[2:] and \
+            np.array_equal(state[1], _NUMPY_STATE[1]):
+        np.random.seed()
+
+
 def _preload(request):
     """Import the module a request's ``build`` comes from, once."""
     name = request.split(b"\0", 2)[1].decode()
@@ -423,6 +457,7 @@ def _fork(request, inherited=()):
         os.dup2(2, 1)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
+        _fresh_numpy_seed()
         _child(request)
         code = 0
     finally:

@@ -62,3 +62,19 @@ def table_job():
             ops.Add(["w", ops.ReduceSum(["table"])], ["w"])
         epoch_limiter(job, 2)
     return job
+
+
+def draw(x):
+    return np.random.rand(*x.shape)
+
+
+def global_draw_job():
+    """Node "a": ``x`` drawn from numpy's global random state each epoch
+    (unseeded: every fresh process draws other values)."""
+    with Job() as job, Node("a"):
+        with job.init_group, Task():
+            ops.Const(np.zeros(4), name="x")
+        with Task():
+            ops.Python(draw)(["x"], ["x"])
+        epoch_limiter(job, 1)
+    return job

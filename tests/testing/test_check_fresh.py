@@ -163,3 +163,64 @@ def test_the_helper_tells_openblas_idle_threads_to_sleep_at_once(
     monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "20")
     with FreshProcesses() as fresh:
         assert _helper_environ(fresh)[b"OPENBLAS_THREAD_TIMEOUT"] == b"20"
+
+
+# -- what a child imports and draws ---------------------------------------------
+
+#: the helper's loop with every import of numpy.random logged with the pid
+#: that made it
+IMPORTS = """
+import os, sys
+class Logged:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy.random":
+            print("imported", os.getpid(), file=sys.stderr, flush=True)
+        return None
+sys.meta_path.insert(0, Logged())
+print("helper", os.getpid(), file=sys.stderr, flush=True)
+from localcluster.testing import _check_fresh
+_check_fresh.serve()
+"""
+
+
+def test_a_child_finds_numpys_random_imported_by_the_helper(tmp_path):
+    import pickle
+    from _jobs import global_draw_job
+    from localcluster.testing._check_fresh import _warning_filters
+    out = tmp_path / "result.pkl"
+    data = str(out).encode() + b"\0_jobs\0" + pickle.dumps(
+        (global_draw_job, "local", {}, str(tmp_path / "ckpt"), None, 0,
+         None, 60, _warning_filters()))
+    frame = struct.pack("<QQ", 3, len(data)) + data
+    root = os.path.dirname(os.path.dirname(localcluster.__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root, os.path.dirname(__file__)]))
+    done = subprocess.run([sys.executable, "-c", IMPORTS], input=frame,
+                          capture_output=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == b"done 3\n"
+    ok, got = pickle.loads(out.read_bytes())
+    assert got["error"] is None, got["error"]
+    lines = [line.split() for line in done.stderr.decode().splitlines()]
+    helper = [pid for word, pid in (l[:2] for l in lines if l)
+              if word == "helper"]
+    imported = [pid for word, pid in (l[:2] for l in lines if l)
+                if word == "imported"]
+    # once, before any fork: no run pays for it again
+    assert imported == helper, lines
+
+
+def test_each_child_draws_from_a_fresh_seed_unless_the_module_seeded(
+        tmp_path):
+    from _jobs import global_draw_job
+    from _seeded_jobs import seeded_draw_job as seeded
+    from localcluster.testing._check_fresh import FreshProcesses
+    with FreshProcesses() as fresh:
+        one = _trained(fresh, global_draw_job, tmp_path / "one")
+        two = _trained(fresh, global_draw_job, tmp_path / "two")
+    assert not np.array_equal(one["blobs"]["a"]["x"], two["blobs"]["a"]["x"])
+    with FreshProcesses() as fresh:
+        one = _trained(fresh, seeded, tmp_path / "s1")
+        two = _trained(fresh, seeded, tmp_path / "s2")
+    np.testing.assert_array_equal(one["blobs"]["a"]["x"],
+                                  two["blobs"]["a"]["x"])
