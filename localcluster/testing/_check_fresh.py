@@ -90,8 +90,8 @@ BLAS_THREAD_TIMEOUT = "4"
 #: docstring): looking for them among the known ones would save little
 KNOWN_BYTES = 64 << 10
 
-#: the arrays the helper was given, as ``((dtype, shape), bytes)`` in
-#: the order given (a child's answer names one by its place here)
+#: the arrays the helper was given, as ``((dtype, shape), their bytes
+#: as a uint8 array)`` in the order given (a child's answer names one by its place here)
 _KNOWN = []
 
 
@@ -352,7 +352,25 @@ def _learn(request):
     """Keep the arrays of a `FreshProcesses.know` frame (the children
     forked after it inherit them)."""
     for value in pickle.loads(request):
-        _KNOWN.append((_key(value), value.tobytes()))
+        _KNOWN.append((_key(value), np.frombuffer(value.tobytes(),
+                                                  np.uint8)))
+
+
+#: bytes compared at a time: a run's array is not copied whole to be
+#: compared (a child's new memory costs it page faults)
+_CHUNK = 1 << 20
+
+
+def _same_bytes(value, kept):
+    """Whether the C-ordered ``value`` holds exactly the bytes ``kept``."""
+    mine = value.reshape(-1).view(np.uint8)
+    if mine.size != kept.size:
+        return False
+    for start in range(0, mine.size, _CHUNK):
+        if not np.array_equal(mine[start:start + _CHUNK],
+                              kept[start:start + _CHUNK]):
+            return False
+    return True
 
 
 def _referred(blobs):
@@ -365,13 +383,9 @@ def _referred(blobs):
         out[node] = {}
         for name, value in arrays.items():
             if _comparable(value):
-                key, data = _key(value), None
+                key = _key(value)
                 for index, (known, kept) in enumerate(_KNOWN):
-                    if known != key:
-                        continue
-                    if data is None:
-                        data = value.tobytes()
-                    if data == kept:
+                    if known == key and _same_bytes(value, kept):
                         value = Known(index)
                         break
             out[node][name] = value

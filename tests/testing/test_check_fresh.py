@@ -224,3 +224,17 @@ def test_each_child_draws_from_a_fresh_seed_unless_the_module_seeded(
         two = _trained(fresh, seeded, tmp_path / "s2")
     np.testing.assert_array_equal(one["blobs"]["a"]["x"],
                                   two["blobs"]["a"]["x"])
+
+
+def test_bytes_are_compared_a_chunk_at_a_time_to_the_last_bit():
+    from localcluster.testing._check_fresh import _CHUNK, _same_bytes
+    value = np.random.default_rng(0).random((3 * _CHUNK + 24) // 8)
+    kept = np.frombuffer(value.tobytes(), np.uint8)
+    assert _same_bytes(value, kept)
+    for at in (0, _CHUNK - 1, _CHUNK, 2 * _CHUNK + 5, value.nbytes - 1):
+        near = value.copy()
+        near.view(np.uint8)[at] ^= 0x80
+        assert not _same_bytes(near, kept), at
+    assert not _same_bytes(value[:-1], kept)
+    nan = np.full(_CHUNK, np.nan)      # bytes, not values: NaN is NaN
+    assert _same_bytes(nan, np.frombuffer(nan.tobytes(), np.uint8))
