@@ -217,11 +217,14 @@ class FreshProcesses:
         token = next(self._tokens)
         # the result file's name first: the child answers there even if
         # the rest cannot be unpickled
-        # the module ``build`` comes from: the helper imports it once,
-        # before forking, as a fresh import would leave it (nothing of the
-        # job runs there), so each child need not import it again
-        module = getattr(build, "replay_import", None) or getattr(
-            build, "__module__", None) or ""
+        # the module ``build`` comes from (and those its ``fresh_imports``
+        # name): the helper imports them once, before forking, as a fresh
+        # import would leave them (nothing of the job runs there), so each
+        # child need not import them again
+        modules = [getattr(build, "replay_import", None) or getattr(
+            build, "__module__", None) or ""]
+        modules += list(getattr(build, "fresh_imports", ()))
+        module = ",".join(name for name in modules if name)
         data = out.encode() + b"\0" + module.encode() + b"\0" + \
             pickle.dumps(
             (build, kind, session_kwargs, directory, resume, max_restarts,
@@ -432,13 +435,13 @@ def _fresh_numpy_seed():
 
 
 def _preload(request):
-    """Import the module a request's ``build`` comes from, once."""
-    name = request.split(b"\0", 2)[1].decode()
-    if name and name not in sys.modules and name != "__main__":
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - the child says what is wrong
-            pass
+    """Import the modules a request's ``build`` comes from, once."""
+    for name in request.split(b"\0", 2)[1].decode().split(","):
+        if name and name not in sys.modules and name != "__main__":
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - the child says what is wrong
+                pass
 
 
 def _exactly(fd, size):

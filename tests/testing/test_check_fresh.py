@@ -238,3 +238,43 @@ def test_bytes_are_compared_a_chunk_at_a_time_to_the_last_bit():
     assert not _same_bytes(value[:-1], kept)
     nan = np.full(_CHUNK, np.nan)      # bytes, not values: NaN is NaN
     assert _same_bytes(nan, np.frombuffer(nan.tobytes(), np.uint8))
+
+
+#: at the start of each Python process (the helper is one; its children
+#: are forks): every import of $LOGGED is logged with the pid making it
+LOGGING_SITE = """
+import os, sys
+class Logged:
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ.get("LOGGED"):
+            print("imported", os.getpid(), file=sys.stderr, flush=True)
+        return None
+sys.meta_path.insert(0, Logged())
+print("started", os.getpid(), file=sys.stderr, flush=True)
+"""
+
+
+def test_the_helper_imports_a_command_line_jobs_module_before_forking(
+        tmp_path, monkeypatch, capfd):
+    from localcluster.cli.check import CommandLineJob
+    from localcluster.testing._check_fresh import FreshProcesses
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(LOGGING_SITE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("LOGGED", "localcluster.examples.regression")
+    build = CommandLineJob("localcluster.examples.regression:build",
+                           epochs=1, threads=1)
+    with FreshProcesses() as fresh:
+        for name in ("one", "two"):
+            got = _trained(fresh, build, tmp_path / name)
+            assert got["error"] is None, got["error"]
+    lines = [line.split() for line in capfd.readouterr().err.splitlines()]
+    started = [l[1] for l in lines if l[:1] == ["started"]]
+    imported = [l[1] for l in lines if l[:1] == ["imported"]]
+    # once, in the helper: not again in each run's child
+    assert len(started) == 1 and imported == started, lines
+    assert build.fresh_imports == ("localcluster.examples.regression",)
+    file_job = CommandLineJob.__new__(CommandLineJob)
+    file_job.spec = "jobs/mine.py:build"    # loaded afresh in every run
+    assert file_job.fresh_imports == ()
