@@ -91,7 +91,8 @@ BLAS_THREAD_TIMEOUT = "4"
 KNOWN_BYTES = 64 << 10
 
 #: the arrays the helper was given, as ``((dtype, shape), their bytes
-#: as a uint8 array)`` in the order given (a child's answer names one by its place here)
+#: as a uint8 array)`` in the order given (a child's answer names one by
+#: its place here)
 _KNOWN = []
 
 

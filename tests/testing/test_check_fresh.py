@@ -45,7 +45,7 @@ def test_the_helper_waits_on_its_children_without_polling(tmp_path):
     assert out.stat().st_size > 0     # the child wrote its answer
 
 
-# -- what a run's answer carries back -------------------------------------------
+# -- what a run's answer carries back -----------------------------------------
 
 def _trained(fresh, build, directory):
     return fresh.collect(fresh.submit(
@@ -135,7 +135,7 @@ def test_the_helper_reads_a_big_frame_into_one_buffer():
     assert faults < 4 * size // 4096, faults
 
 
-# -- the helper's environment ---------------------------------------------------
+# -- the helper's environment -------------------------------------------------
 
 def _helper_environ(fresh):
     import time
@@ -165,7 +165,7 @@ def test_the_helper_tells_openblas_idle_threads_to_sleep_at_once(
         assert _helper_environ(fresh)[b"OPENBLAS_THREAD_TIMEOUT"] == b"20"
 
 
-# -- what a child imports and draws ---------------------------------------------
+# -- what a child imports and draws -------------------------------------------
 
 #: the helper's loop with every import of numpy.random logged with the pid
 #: that made it
