@@ -23,6 +23,7 @@ timing by design, which every check would rightly report.
 
 import contextlib
 import logging
+import os
 import sys
 import time
 
@@ -59,6 +60,17 @@ class CommandLineJob:
     def __setstate__(self, state):
         self.spec, self.options = state
         self._builder = load_builder(self.spec)
+
+    @property
+    def fresh_imports(self):
+        """The job's module, when ``spec`` names one: the checks' helper
+        imports it before it forks, as it does a build function's module
+        (`localcluster.testing._check_fresh`).  A job given by a file's
+        path is loaded afresh in each run, as ever."""
+        where = self.spec.rpartition(":")[0]
+        if not where or where.endswith(".py") or os.sep in where:
+            return ()
+        return (where,)
 
     def __repr__(self):
         args = "".join(f", {k}={v!r}" for k, v in self.options.items())

@@ -183,7 +183,12 @@ class Runs:
                 label = "the run without preemptions"
             else:
                 label = f"the uninterrupted run ({kind} under {schedule!r})"
-            self._references[key] = self.run(kind, label, schedule=schedule)
+            out = self._references[key] = self.run(kind, label,
+                                                   schedule=schedule)
+            if self.fresh is not None and out.blobs is not None:
+                # what most runs end with too: its big arrays need not
+                # cross back again (`._check_fresh`)
+                self.fresh.know(out.blobs)
         return self._references[key]
 
 

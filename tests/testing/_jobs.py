@@ -43,3 +43,38 @@ def python_counter_job():
             ops.Python(count)(["seen"], ["seen"])
         epoch_limiter(job, 3)
     return job
+
+
+#: elements of `table_job`'s table: 256 KiB of float64, past the size
+#: from which a fresh process's run answers with a known array's number
+TABLE_SIZE = 32768
+
+
+def table_job():
+    """Node "a": a big ``table`` set once (every run ends with the same)
+    and a small ``w`` stepped from it each epoch."""
+    with Job() as job, Node("a"):
+        with job.init_group, Task():
+            ops.Const(np.arange(TABLE_SIZE, dtype=np.float64) / 7.0,
+                      name="table")
+            ops.Const(np.zeros(1), name="w")
+        with Task():
+            ops.Add(["w", ops.ReduceSum(["table"])], ["w"])
+        epoch_limiter(job, 2)
+    return job
+
+
+def draw(x):
+    return np.random.rand(*x.shape)
+
+
+def global_draw_job():
+    """Node "a": ``x`` drawn from numpy's global random state each epoch
+    (unseeded: every fresh process draws other values)."""
+    with Job() as job, Node("a"):
+        with job.init_group, Task():
+            ops.Const(np.zeros(4), name="x")
+        with Task():
+            ops.Python(draw)(["x"], ["x"])
+        epoch_limiter(job, 1)
+    return job
