@@ -28,6 +28,8 @@ import os
 import pickle
 import select
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -36,12 +38,14 @@ import numpy as np
 
 from ..errors import NodeFailedError, RunTimeoutError
 from ..runtime import shm
+from . import _bell
 from . import _protocol as P
 from . import _zygote as Z
 from ._node import EXIT_MEMORY, NodeSpec, node_main
 from ._plumbing import MASTER_ENDS
 
-__all__ = ["NodeState", "NodeHandle", "ControlWords", "Mux", "ZygoteLink",
+__all__ = ["NodeState", "NodeHandle", "ControlWords", "Board", "Mux",
+           "ZygoteLink",
            "wait_events", "CONN", "SENTINEL", "await_ready",
            "read_goodbyes", "join_all", "START_TIMEOUT", "SHUTDOWN_STEP",
            "send_all", "send_each", "signal_all", "kill_all"]
@@ -59,6 +63,14 @@ CONN, SENTINEL = "conn", "sentinel"
 
 #: a handle's inbox ends with this once its zygote reaped the node
 DEATH = object()
+
+#: a node's answer to a request read from the board comes straight to the
+#: master on its batch's reply socket (SOCK_SEQPACKET: one datagram, whole,
+#: whichever node of the batch writes at the same time): its id in the
+#: batch, then the pickled message -- if it is no longer than this; a
+#: longer one goes through the zygote
+REPLY_MAX = 65536
+REPLY_HEAD = struct.Struct("!I")
 
 
 class NodeState(enum.Enum):
@@ -83,7 +95,8 @@ class NodeHandle:
         self.state = NodeState.IDLE
         self.pid = None       # known once it said ready
         self.plans = collections.OrderedDict()  # mirror of the node's cache
-        self.control_word = None  # shared int64: the run id to cancel
+        self.control_word = None  # shared int64 words (`ControlWords`)
+        self.bell = None          # address of its bell, if bells are used
         self.started_at = None    # monotonic seconds: when it was started
 
     def __repr__(self):
@@ -220,10 +233,13 @@ def _memory_fix(limit):
 
 
 class ControlWords:
-    """Each node's control word (the run id to cancel), a slot of a page
-    shared by many nodes.
+    """Each node's control slot, in a page shared by many nodes: four
+    int64 words -- the run id to cancel, the node's bell (a 32-bit futex
+    word, `_bell`: rung once for every request the master makes of the
+    node), how many requests were posted on the `Board` for it, and where
+    the last one is (``offset << 32 | length``).
 
-    One page holds the words of 512 node starts, so the master maps one
+    One page holds the slots of 512 node starts, so the master maps one
     segment per 512 nodes, not one per node: every mapping of the master
     is copied into each node forked after it, so per-node mappings made
     start-up quadratic (and a mapping kept out of forks with
@@ -233,7 +249,11 @@ class ControlWords:
     the scheduler's prefix on close.
     """
 
-    PAGE = 4096
+    #: int64 words per node, and the index of each
+    WORDS, CANCEL, BELL, POSTS, WHERE = (_bell.WORDS, _bell.CANCEL,
+                                         _bell.BELL, _bell.POSTS,
+                                         _bell.WHERE)
+    SLOTS = 512
 
     def __init__(self, prefix):
         self._prefix = prefix
@@ -242,20 +262,76 @@ class ControlWords:
         self._pages = 0
 
     def take(self):
-        """``((segment, slot), word)``: where the node finds its word, and
-        the master's one-element view of it."""
-        slots = self.PAGE // 8
-        if self._page is None or self._used == slots:
+        """``((segment, slot), words)``: where the node finds its slot,
+        and the master's view of its four words."""
+        if self._page is None or self._used == self.SLOTS:
             segment, mm = shm.create_unique(
-                f"{self._prefix}{self._pages}_", self.PAGE,
+                f"{self._prefix}{self._pages}_", self.SLOTS * self.WORDS * 8,
                 what="the nodes' control words")
             self._pages += 1
-            self._page = (segment, np.ndarray(slots, np.int64, buffer=mm))
+            self._page = (segment, np.ndarray(self.SLOTS * self.WORDS,
+                                              np.int64, buffer=mm))
             self._used = 0
         segment, words = self._page
         slot = self._used
         self._used += 1
-        return (segment, slot), words[slot:slot + 1]
+        at = slot * self.WORDS
+        return (segment, slot), words[at:at + self.WORDS]
+
+
+def bell_of(words):
+    """The 32-bit bell (a numpy view) in a node's control ``words``."""
+    return words[ControlWords.BELL:ControlWords.BELL + 1].view(np.int32)[:1]
+
+
+class Board:
+    """Where the master posts a run's messages for the nodes to read: one
+    segment of the scheduler's, which every node maps.  A run writes each
+    distinct message once, from the start; a node is told where its own
+    is (its control slot) and rung.  A run's messages stay until the
+    next run: every node of a run reads its message before it answers,
+    and a run ends only once each node answered or was killed.  What
+    does not fit goes through the zygote."""
+
+    SIZE = 1 << 20
+
+    def __init__(self, prefix):
+        self.segment, self._mm = shm.create_unique(
+            f"{prefix}b_", self.SIZE, what="the run board")
+        self._end = 0
+
+    def clear(self):
+        self._end = 0
+
+    def put(self, data):
+        """Write ``data`` (bytes) after what the run put already; its
+        offset, or None if it does not fit."""
+        start, end = self._end, self._end + len(data)
+        if end > self.SIZE:
+            return None
+        self._mm[start:end] = data
+        self._end = end
+        return start
+
+    def close(self):
+        self._mm = None   # the segment goes with the scheduler's prefix
+
+
+def post(handle, offset, length):
+    """Tell ``handle``'s node its next request is at ``offset`` of the
+    board, and ring its bell."""
+    words = handle.control_word
+    words[ControlWords.WHERE] = (offset << 32) | length
+    words[ControlWords.POSTS] += 1
+    _bell.ring(handle.bell)
+
+
+def ring_all(handles):
+    """Ring the bells of ``handles`` (sent a request through their
+    zygote)."""
+    for handle in handles:
+        if handle.bell is not None:
+            _bell.ring(handle.bell)
 
 
 def signal_name(exitcode):
@@ -275,12 +351,14 @@ class ZygoteLink:
     its control socket (in the scheduler's `Mux`), its process and the
     output pipe of its nodes (in the `LogPump`)."""
 
-    def __init__(self, mux, handles, process, conn, on_gone=None):
+    def __init__(self, mux, handles, process, conn, on_gone=None,
+                 replies=None):
         self.mux = mux
         self.handles = list(handles)   # by id; None once forgotten
         self.process = process
         self.pid = process.pid
         self.conn = conn
+        self.replies = replies   # the batch's reply socket, or None
         self.on_gone = on_gone
         self.closed = False
 
@@ -288,31 +366,50 @@ class ZygoteLink:
         return f"ZygoteLink(pid={self.pid}, nodes={len(self.handles)})"
 
     @classmethod
-    def start(cls, ctx, mux, pump, batch, handles, sinks, on_gone=None):
+    def start(cls, ctx, mux, pump, batch, handles, sinks, on_gone=None,
+              replies=False):
         """Start the zygote of ``batch`` (its nodes' ``handles`` and log
-        ``sinks``, in batch order); returns before any node is ready."""
+        ``sinks``, in batch order); returns before any node is ready.
+        ``replies``: give the batch a reply socket (its nodes answer the
+        requests they read from the board on it)."""
         control, zygote_end = ctx.Pipe(duplex=True)
         out_r, out_w = ctx.Pipe(duplex=False)
+        ends = [control, out_r, zygote_end, out_w]
+        reply_r = reply_w = None
+        if replies:
+            try:
+                reply_r, reply_w = socket.socketpair(socket.AF_UNIX,
+                                                     socket.SOCK_SEQPACKET)
+            except BaseException:
+                for end in ends:
+                    end.close()
+                raise
+            reply_r.setblocking(False)
+            ends += [reply_r, reply_w]
         # A zygote forked later closes these (and this zygote its copy).
         MASTER_ENDS.update((control, out_r))
+        if reply_r is not None:
+            MASTER_ENDS.add(reply_r)
         process = ctx.Process(target=Z.zygote_main,
-                              args=(batch, zygote_end, out_w),
+                              args=(batch, zygote_end, out_w, reply_w),
                               name="lc-zygote", daemon=False)
         try:
             deferred = _start(process)
         except BaseException:
-            for end in (control, out_r, zygote_end, out_w):
+            for end in ends:
                 MASTER_ENDS.discard(end)
                 end.close()
             raise
         # only the zygote and its nodes hold these now: their EOF is real
         zygote_end.close()
         out_w.close()
+        if reply_w is not None:
+            reply_w.close()
         try:   # its own group, before the group watcher may kill it
             os.setpgid(process.pid, process.pid)
         except OSError:
             pass   # it did it first (or is no child of ours: forkserver)
-        link = cls(mux, handles, process, control, on_gone)
+        link = cls(mux, handles, process, control, on_gone, reply_r)
         now = time.monotonic()
         streams = pump.add_shared(out_r, [(h.name, s) for h, s in
                                           zip(handles, sinks)])
@@ -355,6 +452,11 @@ class ZygoteLink:
         except (EOFError, OSError):
             self.close()
             return
+        if self.replies is not None and \
+                any(kind != Z.MESSAGE for kind, _, _ in events):
+            # what a node answered on the reply socket before it died
+            # comes before its death
+            self.read_replies()
         ready = self.mux.ready
         for kind, node_id, value in events:
             handle = self.handles[node_id]
@@ -368,11 +470,39 @@ class ZygoteLink:
                 handle.inbox.append(DEATH)
             ready[handle] = None
 
+    def read_replies(self):
+        """Take the answers waiting on the batch's reply socket into the
+        inboxes."""
+        replies, ready = self.replies, self.mux.ready
+        if replies is None:
+            return
+        while True:
+            try:
+                data = replies.recv(REPLY_MAX + REPLY_HEAD.size)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                # every node and the zygote are gone: nothing more comes
+                # (the control socket says the rest)
+                self.mux.drop_replies(self)
+                return
+            node_id, = REPLY_HEAD.unpack_from(data)
+            handle = self.handles[node_id] if node_id < len(self.handles) \
+                else None
+            if handle is None:
+                continue
+            handle.inbox.append(pickle.loads(memoryview(data)[
+                REPLY_HEAD.size:]))
+            ready[handle] = None
+
     def close(self, wait=ZYGOTE_WAIT):
         """The zygote is gone (EOF) or is told to go: reap it; a node it
         did not report is dead with it."""
         if self.closed:
             return
+        self.read_replies()   # what came before the end
         self.closed = True
         try:
             P.send(self.conn, (Z.BYE, (), None))
@@ -391,6 +521,10 @@ class ZygoteLink:
                 self.mux.ready[handle] = None
         MASTER_ENDS.discard(self.conn)
         self.conn.close()
+        if self.replies is not None:
+            MASTER_ENDS.discard(self.replies)
+            self.replies.close()
+            self.replies = None
         try:
             process.close()
         except ValueError:   # reaped by someone else: no status to close
@@ -458,14 +592,17 @@ def make_batch(ctx, specs, plans=None):
                    plans=plans)
 
 
-def node_spec(name, prefix, kwargs, control, faults=None, plan_ids=()):
+def node_spec(name, prefix, kwargs, control, faults=None, plan_ids=(),
+              board=None):
     return NodeSpec(name, prefix, kwargs, os.getpid(), pdeathsig=True,
-                    control=control, faults=faults, plan_ids=plan_ids)
+                    control=control, faults=faults, plan_ids=plan_ids,
+                    board=board)
 
 
 def send_all(handles, msg):
     """Send ``msg`` to each of ``handles``: pickled once, one command per
-    zygote; the handles whose zygote is gone (not sent)."""
+    zygote (and a ring of each node's bell); the handles whose zygote is
+    gone (not sent)."""
     raw = Z.frame(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
     failed = []
     for link, group in _by_link(handles).items():
@@ -475,20 +612,38 @@ def send_all(handles, msg):
             link.command(Z.SEND, [h.id for h in group], raw)
         except OSError:
             failed.extend(group)
+            continue
+        ring_all(group)
     return failed
 
 
-def send_each(sends):
-    """Send each ``(handles, msg)`` of ``sends``: each message pickled
-    once, all of a zygote's in one command (a run's requests reach a batch
-    in one write, whatever their number); the handles whose zygote is gone
-    (not sent)."""
-    by_link = {}
+def send_each(sends, board=None):
+    """Send each ``(handles, msg)`` of ``sends``; the handles whose zygote
+    is gone (not sent).  Each message is pickled once.  With a `Board`
+    (and bells), a message that fits is written there once and each of
+    its nodes is told where and rung: one system call per node, none for
+    its zygote.  The others go through the zygotes, all of a zygote's in
+    one command (a run's requests reach a batch in one write, whatever
+    their number)."""
+    by_link, failed = {}, []
+    if board is not None:
+        board.clear()
     for handles, msg in sends:
-        raw = Z.frame(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
+        data = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
+        offset = None
+        if board is not None and handles[0].bell is not None:
+            offset = board.put(data)
+        if offset is not None:
+            for handle in handles:
+                link = handle.link
+                if link is None or link.closed:
+                    failed.append(handle)
+                else:
+                    post(handle, offset, len(data))
+            continue
+        raw = Z.frame(data)
         for link, group in _by_link(handles).items():
             by_link.setdefault(link, []).append((group, raw))
-    failed = []
     for link, pairs in by_link.items():
         try:
             if link is None:
@@ -499,6 +654,9 @@ def send_each(sends):
         except OSError:
             for group, _ in pairs:
                 failed.extend(group)
+            continue
+        for group, _ in pairs:
+            ring_all(group)
     return failed
 
 
@@ -534,6 +692,7 @@ class Mux:
     def __init__(self):
         self._poll = select.poll()
         self._links = {}
+        self._replies = {}   # reply socket fd -> link
         self.ready = {}   # handle -> None, in arrival order
 
     def __len__(self):
@@ -546,12 +705,24 @@ class Mux:
         fd = link.conn.fileno()
         self._poll.register(fd, select.POLLIN)
         self._links[fd] = link
+        if link.replies is not None:
+            fd = link.replies.fileno()
+            self._poll.register(fd, select.POLLIN)
+            self._replies[fd] = link
 
     def remove(self, link):
         for fd, owner in list(self._links.items()):
             if owner is link:
                 self._poll.unregister(fd)
                 del self._links[fd]
+        self.drop_replies(link)
+
+    def drop_replies(self, link):
+        """Stop waiting on ``link``'s reply socket."""
+        for fd, owner in list(self._replies.items()):
+            if owner is link:
+                self._poll.unregister(fd)
+                del self._replies[fd]
 
     def discard(self, handle):
         self.ready.pop(handle, None)
@@ -569,6 +740,10 @@ class Mux:
             return False
         ready = self._poll.poll(ms)
         for fd, _ in ready:
+            link = self._replies.get(fd)
+            if link is not None:
+                link.read_replies()
+                continue
             link = self._links.get(fd)
             if link is not None:
                 link.read()

@@ -11,7 +11,14 @@
 
 The node's socket leads to its zygote (`_zygote`), which relays every
 message unchanged to and from the master; "the master" below is the
-master behind it -- the zygote goes when the master goes.  Its output
+master behind it -- the zygote goes when the master goes.  A run comes
+another way: the idle node sleeps on its bell (`_bell`), which the
+master rings for every request; a request posted on the master's run
+board is read there (its control slot says where) and answered on the
+batch's reply socket, straight to the master; any other comes on the
+socket (and is answered there).  Asleep, the node wakes at the latest
+every `BELL_WAIT` seconds; the watcher rings the bell when the master
+hangs up, so the main loop reads the socket's EOF.  Its output
 goes as frames on the pipe its batch shares (`_plumbing.FrameWriter`).
 A plan the zygote was given is inherited packed and loaded at the first
 run that names it.
@@ -60,6 +67,7 @@ import os
 import pickle
 import select
 import signal
+import struct
 import threading
 
 import numpy as np
@@ -71,6 +79,7 @@ from ..runtime.channels import LocalChannel
 from ..runtime.faults import NodeFaults, die_in_process, mapped_book
 from ..runtime.host import NodeRuntime
 from ..runtime.shm_channel import ShmChannel
+from . import _bell
 from . import _protocol as P
 from ._plumbing import (MASTER_GONE_SIGNAL, Output, apply_node_options,
                         end_own_group, reset_signal_handlers,
@@ -86,16 +95,27 @@ EXIT_MEMORY = 86
 EXIT_ORPHANED = 87
 #: seconds a node whose master is gone gives its run to stop by itself
 MASTER_GONE_GRACE = 0.3
+#: seconds an idle node sleeps on its bell before it looks again (a wake-up
+#: is never missed: this only bounds the wait)
+BELL_WAIT = 5.0
 
 
 class NodeSpec:
     """What a node process needs to start (picklable for spawn)."""
 
     def __init__(self, name, prefix, kwargs, master_pid, pdeathsig,
-                 control, close_inherited=None, faults=None, plan_ids=()):
+                 control, close_inherited=None, faults=None, plan_ids=(),
+                 board=None):
         self.name = name
         self.prefix = prefix            # segment prefix of this incarnation
-        self.control = control  # (segment, slot): the int64 rid to cancel
+        #: (segment, slot): the node's control slot (`_bell`: the run id
+        #: to cancel, its bell, where its board requests are)
+        self.control = control
+        #: the segment of the master's run board (None: no bells; every
+        #: request comes on the node's socket)
+        self.board = board
+        #: (reply socket, the node's id in its batch), set by its zygote
+        self.replies = None
         self.kwargs = kwargs            # cpus, memory_limit, env
         self.master_pid = master_pid
         self.pdeathsig = pdeathsig
@@ -198,13 +218,25 @@ class _NodeServer:
                                    channel_factory=self.channels,
                                    faults=self._faults(spec))
         segment, slot = spec.control
-        self.control = shm.map_segment(segment)
-        self.control_word = np.ndarray(1, np.int64, buffer=self.control,
-                                       offset=8 * slot)
+        self.control = shm.map_segment(segment, writable=True)
+        self.slot = np.ndarray(_bell.WORDS, np.int64, buffer=self.control,
+                               offset=8 * _bell.WORDS * slot)
+        self.control_word = self.slot[_bell.CANCEL:_bell.CANCEL + 1]
+        self.board = self.bell = None
+        if spec.board is not None and spec.replies is not None:
+            self.board = shm.map_segment(spec.board)
+            self.bell_word = self.slot[_bell.BELL:_bell.BELL + 1].view(
+                np.int32)[:1]
+            self.bell = _bell.address_of(self.bell_word)
+            self.reply_fd, node_id = spec.replies[0], spec.replies[1]
+            self.reply_head = _REPLY_HEAD.pack(node_id)
+        self.posts = 0      # board requests read
+        self.from_socket = 0   # socket requests read (mod 2**32)
         # the cancel signal's wake-up: its handler writes, the watcher reads
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.outbox = _Outbox(spec.prefix + "out")
         self.send_lock = threading.Lock()
+        self.posted = False   # the request being served came on the board
         self.finished = threading.Event()   # the main loop ended
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
         threading.Thread(target=self._watch_master, daemon=True,
@@ -253,11 +285,16 @@ class _NodeServer:
             if master in ready:
                 break
         # The master is gone: stop the run; the main loop then sees EOF
-        # and ends.  An op that never looks at its cancellation would keep
+        # and ends (asleep on its bell, it is rung to read its socket).  An op that never looks at its cancellation would keep
         # the node alive (there is no parent-death signal under forkserver,
         # or when the master's launching thread lives on), so the node
         # ends itself -- and what it started -- if the loop has not.
         self.runtime.cancel()
+        if self.bell is not None:
+            try:
+                _bell.ring(self.bell)
+            except OSError:
+                pass
         if not self.finished.wait(MASTER_GONE_GRACE):
             try:
                 end_own_group()
@@ -272,10 +309,35 @@ class _NodeServer:
         finally:
             self.finished.set()
 
+    def _next(self):
+        """The next request, and whether it came from the board.  With a
+        bell: asleep on it until the master rings -- for a request posted
+        on the board, or one sent through the zygote (read from the
+        socket, which may wait for the zygote to relay it)."""
+        if self.bell is None:
+            return self.requests.recv(), False
+        slot, bell, word = self.slot, self.bell, self.bell_word
+        while True:
+            # the bell first: the master counts a post before it rings,
+            # so a request seen rung is never taken for a socket one
+            rung = int(word[0])
+            posts = int(slot[_bell.POSTS])
+            if posts != self.posts:
+                self.posts = posts
+                where = int(slot[_bell.WHERE])
+                start = where >> 32
+                return pickle.loads(
+                    self.board[start:start + (where & 0xffffffff)]), True
+            if (rung - posts) & 0xffffffff != self.from_socket:
+                msg = self.requests.recv()
+                self.from_socket = (self.from_socket + 1) & 0xffffffff
+                return msg, False
+            _bell.sleep(bell, rung, BELL_WAIT)
+
     def _serve(self):
         while True:
             try:
-                msg = self.requests.recv()
+                msg, self.posted = self._next()
             except (EOFError, OSError):
                 # The master is gone: so is this node, and what it started
                 # (it would live on, adopted by init).
@@ -332,6 +394,14 @@ class _NodeServer:
 
     def _send_reply(self, msg):
         try:
+            if self.posted:
+                # a request read from the board: answered straight to the
+                # master, on the batch's reply socket, if it fits there
+                data = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
+                if len(data) <= _REPLY_MAX:
+                    with self.send_lock:
+                        os.write(self.reply_fd, self.reply_head + data)
+                    return
             self.send(msg)
         except (OSError, EOFError):
             pass  # the master is gone; the next recv sees EOF
@@ -405,6 +475,11 @@ class _NodeServer:
             return {"inline": np.array(value, copy=True)}
         return {"segment": segment, "shape": value.shape,
                 "dtype": value.dtype.str}
+
+
+#: the reply socket's framing (`_handle.REPLY_HEAD`, `_handle.REPLY_MAX`)
+_REPLY_HEAD = struct.Struct("!I")
+_REPLY_MAX = 65536
 
 
 def _is_memory(exc):

@@ -26,7 +26,11 @@ every node of its batch from its one thread, and relays: the master holds
 two descriptors per zygote (its control socket and the output pipe's read
 end; a third, the process sentinel, multiprocessing's), not four per
 node, and waits on one socket per batch, not on one pipe and sentinel
-per node.  Plans the master gives a batch (a prototype's, packed once)
+per node.  A run does not go through the zygote: the master posts it on
+its run board and rings each node's bell (`_bell`), and the node answers
+on the batch's reply socket, which the zygote hands each node it forks
+(a request too big for the board, and every other request, still comes
+through the zygote, and the node's bell is rung for it too).  Plans the master gives a batch (a prototype's, packed once)
 are inherited by its nodes, which load them at their first run: the
 master then sends only the plan's id.
 
@@ -122,10 +126,12 @@ class Batch:
         self.plans = plans or {}
 
 
-def zygote_main(batch, control, out_w):
+def zygote_main(batch, control, out_w, replies=None):
     """Entry point of a zygote (``control``: its end of the control
-    socket; ``out_w``: the write end of the batch's output pipe)."""
-    zygote = _Zygote(batch, control.fileno(), out_w.fileno())
+    socket; ``out_w``: the write end of the batch's output pipe;
+    ``replies``: the nodes' end of the batch's reply socket, or None)."""
+    zygote = _Zygote(batch, control.fileno(), out_w.fileno(),
+                     None if replies is None else replies.fileno())
     try:
         zygote.main()
     finally:
@@ -146,10 +152,11 @@ class _Child:
 
 
 class _Zygote:
-    def __init__(self, batch, control, out_w):
+    def __init__(self, batch, control, out_w, replies=None):
         self.batch = batch
         self.pid = os.getpid()
         self.control, self.out_w = control, out_w
+        self.replies = replies   # inherited by every node
         set_zygote_title(batch.master_pid)
         try:
             os.setpgid(0, 0)   # a Ctrl-C at the terminal is the master's
@@ -279,6 +286,8 @@ class _Zygote:
             spec.parent_pid = self.pid
             spec.pdeathsig = True   # forked from the zygote's one thread
             spec.forked = True
+            spec.replies = None if self.replies is None else \
+                (self.replies, node_id)
             spec.plans = {i: self.batch.plans[i] for i in
                           getattr(spec, "plan_ids", ()) if i in
                           self.batch.plans}

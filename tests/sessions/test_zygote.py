@@ -18,7 +18,7 @@ import pytest
 from localcluster import (Cluster, LocalHostScheduler, Node, NodeFailedError,
                           Task, TaskGroup, WorkspaceType, ops)
 from localcluster.runtime import shm
-from localcluster.sessions import _handle
+from localcluster.sessions import _bell, _handle
 from localcluster.sessions import _protocol as P
 
 from conftest import child_processes, kill_and_wait, running, zygote
@@ -34,23 +34,60 @@ def prototype_group(count, seconds=0.0):
 
 
 def record_commands(monkeypatch):
-    """The commands the master writes to its zygotes, as they go."""
+    """The commands the master writes to its zygotes, as they go -- and
+    the runs it posts on its board: ``(None, "board", [node ids], data)``
+    for each message written there (each run's after a ``(None,
+    "clear", None, None)``)."""
     commands = []
     real = _handle.ZygoteLink.command
+    real_put, real_clear = _handle.Board.put, _handle.Board.clear
+    real_post = _handle.post
+    posted = {}
 
     def recording(link, kind, ids, arg):
         commands.append((link, kind, ids, arg))
         return real(link, kind, ids, arg)
 
+    def put(board, data):
+        offset = real_put(board, data)
+        if offset is not None:
+            posted[offset] = entry = (None, "board", [], bytes(data))
+            commands.append(entry)
+        return offset
+
+    def clear(board):
+        commands.append((None, "clear", None, None))
+        return real_clear(board)
+
+    def post(handle, offset, length):
+        posted[offset][2].append(handle.id)
+        return real_post(handle, offset, length)
+
     monkeypatch.setattr(_handle.ZygoteLink, "command", recording)
+    monkeypatch.setattr(_handle.Board, "put", put)
+    monkeypatch.setattr(_handle.Board, "clear", clear)
+    monkeypatch.setattr(_handle, "post", post)
     return commands
 
 
 def run_commands(commands):
     """Of ``commands``, those that send runs: each a list of ``(number
-    of nodes, message)``, one for each distinct message it carries."""
-    runs = []
+    of nodes, message)``, one for each distinct message it carries (a
+    command to a zygote, or a run's messages on the board)."""
+    runs, board = [], None
     for _, kind, ids, arg in commands:
+        if kind == "clear":
+            board = None
+            continue
+        if kind == "board":
+            msg = pickle.loads(arg)
+            if msg[0] != P.RUN:
+                continue
+            if board is None:
+                board = []
+                runs.append(board)
+            board.append((len(ids), msg))
+            continue
         sends = [(ids, arg)] if kind == "send" else \
             arg if kind == "sends" else []
         sends = [(len(ids), pickle.loads(raw[4:])) for ids, raw in sends]
@@ -135,7 +172,8 @@ def test_a_zygote_whose_nodes_all_died_exits_and_is_reaped():
 
 def test_a_prototypes_plan_is_sent_to_its_zygote_once(monkeypatch):
     """Its instances inherit it: no run message carries its bytes, and
-    the instances given the same message get it in one command."""
+    the instances given the same message get it in one write (on the
+    run board, or in one command to their zygote)."""
     commands = record_commands(monkeypatch)
     scheduler = LocalHostScheduler()
     try:
@@ -171,8 +209,8 @@ def test_instances_started_before_get_their_plan_in_one_command(
 
 def test_a_run_reaches_the_nodes_of_a_zygote_in_one_command(monkeypatch):
     """Four nodes of four plans started together (one zygote): each run
-    is one write to the zygote, not one per node, and still reaches each
-    node with its own plan."""
+    writes each node's message once (one command to the zygote, or the
+    run board) and still reaches each node with its own plan."""
     commands = record_commands(monkeypatch)
     names = [f"worker_{i}" for i in range(4)]
     with TaskGroup(WorkspaceType.GLOBAL) as group:
@@ -192,6 +230,57 @@ def test_a_run_reaches_the_nodes_of_a_zygote_in_one_command(monkeypatch):
     for sends in runs:     # ... with each node's message, once
         assert sorted(n for n, _ in sends) == [1, 1, 1, 1]
         assert len({msg[2] for _, msg in sends}) == 4   # four plans
+    assert got == [0.0, 1.0, 2.0, 3.0]
+
+
+@pytest.mark.skipif(not _bell.AVAILABLE, reason="no futex here: runs go "
+                    "through the zygote")
+def test_a_run_reaches_its_nodes_with_one_ring_each_and_no_zygote(
+        monkeypatch):
+    """A run of a kept plan is posted on the board and each of its nodes
+    rung once: nothing goes through the zygote either way -- the answers
+    come on the batch's reply socket."""
+    commands = record_commands(monkeypatch)
+    rings, replies = [], []
+    real_ring, real_read = _bell.ring, _handle.ZygoteLink.read_replies
+    monkeypatch.setattr(_bell, "ring", lambda at: (rings.append(at),
+                                                   real_ring(at))[1])
+
+    def read_replies(link):
+        before = {h: len(h.inbox) for h in link.handles if h is not None}
+        real_read(link)
+        replies.extend(h.inbox[-1][1] for h, n in before.items()
+                       if len(h.inbox) > n)
+
+    monkeypatch.setattr(_handle.ZygoteLink, "read_replies", read_replies)
+    names = [f"worker_{i}" for i in range(4)]
+    with TaskGroup(WorkspaceType.GLOBAL) as group:
+        for i, name in enumerate(names):
+            with Node(name), Task():
+                ops.ConstantFill([], ["x"], shape=[1], value=float(i))
+    scheduler = LocalHostScheduler(nodes=names)
+    try:
+        scheduler.run(group)
+        bells = {scheduler._nodes[n].bell for n in names}
+        del commands[:], rings[:], replies[:]
+        for _ in range(3):
+            scheduler.run(group)
+        got = [float(scheduler.fetch_blob("x", name)[0]) for name in names]
+        rung = list(rings)
+    finally:
+        scheduler.close()
+    runs = run_commands([c for c in commands if c[0] is None])
+    assert len(runs) == 3 and all(len(sends) == 4 for sends in runs)
+    # the three runs: no command to the zygote ...
+    run_sends = [c for c in commands if c[0] is not None and
+                 c[1] in ("send", "sends") and any(
+                     pickle.loads(raw[4:])[0] == P.RUN for _, raw in
+                     ([(c[2], c[3])] if c[1] == "send" else c[3]))]
+    assert run_sends == []
+    # ... one ring of each node's bell per run (and one per fetch after)
+    assert len(rung) == 3 * 4 + 4 and set(rung) == bells
+    # ... and every answer of the runs on the reply socket
+    assert len(replies) == 3 * 4
     assert got == [0.0, 1.0, 2.0, 3.0]
 
 
