@@ -1,41 +1,48 @@
-"""A node's bell: a 32-bit word in shared memory that the master rings
-(adds one to) for every request it makes of the node, and that the idle
-node sleeps on (a Linux futex), so that a run reaches a node with one
-system call of the master's and none of its zygote's.
+"""The run word: a 32-bit word at the head of the scheduler's run board
+(shared memory) that every idle node sleeps on (a Linux futex), so that
+one system call of the master's wakes every node of a run, and none of
+their zygotes' is on the way.
 
-``ring`` adds one and wakes the word's sleeper in one call
-(``FUTEX_WAKE_OP``: the add is atomic, so the master may ring from any
-of its threads); ``sleep`` returns once the word is no longer the value
-the caller saw, it is woken, a signal comes, or ``timeout`` seconds
-pass -- never later.  Where futexes cannot be called (not Linux, an
-architecture whose system call number is not known here),
-`AVAILABLE` is False and the scheduler sends every request through the
-zygote instead.
+Each node has a bit (``bit_of`` its control slot): it sleeps on the word
+for that bit only (``FUTEX_WAIT_BITSET``), and the master, having counted
+a request in each node's control slot (`_handle.ControlWords`), adds one
+to the word and wakes the bits of the nodes it asked (`wake`): a node
+not asked sleeps on, unless it shares a bit with one that is (32 bits for
+any number of nodes: it then looks at its slot, finds nothing, and sleeps
+again).  ``sleep`` returns once the word is no longer the value the
+caller saw, it is woken, a signal comes, or ``timeout`` seconds pass --
+never later.  ``wake_all`` adds one atomically and wakes every sleeper (a
+node whose master hung up wakes itself so).  Where futexes cannot be
+called (not Linux, an architecture whose system call number is not known
+here), `AVAILABLE` is False and the scheduler sends every request
+through the zygote instead.
 """
 
 import ctypes
 import ctypes.util
 import os
 import platform
+import time
 
-__all__ = ["AVAILABLE", "address_of", "ring", "sleep", "WORDS", "CANCEL",
-           "BELL", "POSTS", "WHERE"]
+__all__ = ["AVAILABLE", "address_of", "bit_of", "wake", "wake_all",
+           "sleep", "WORDS", "CANCEL", "ASKED", "POSTS", "WHERE"]
 
 #: a node's control slot (`_handle.ControlWords`): int64 words -- the run
-#: id to cancel, the bell (its first 4 bytes, a futex word), how many
-#: requests were posted on the board for the node, where the last one is
-#: (``offset << 32 | length``)
-WORDS, CANCEL, BELL, POSTS, WHERE = 4, 0, 1, 2, 3
+#: id to cancel, how many requests the master made of the node, how many
+#: of them were posted on the board, where the last one is (``offset <<
+#: 32 | length``)
+WORDS, CANCEL, ASKED, POSTS, WHERE = 4, 0, 1, 2, 3
 
 #: the futex system call's number, by machine
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98,
               "riscv64": 98, "ppc64le": 221, "ppc64": 221, "s390x": 238,
               "i386": 240, "i686": 240}
 
-_FUTEX_WAIT, _FUTEX_WAKE_OP = 0, 5
+_FUTEX_WAKE_OP, _FUTEX_WAIT_BITSET, _FUTEX_WAKE_BITSET = 5, 9, 10
 #: FUTEX_OP(FUTEX_OP_ADD, 1, FUTEX_OP_CMP_EQ, 0): add one to the word;
 #: the second wake-up (of the same word) is never wanted -- its count is 0
 _ADD_ONE = (1 << 28) | (0 << 24) | (1 << 12) | 0
+_EVERYONE = 0x7fffffff
 
 
 class _Timespec(ctypes.Structure):
@@ -69,19 +76,35 @@ def address_of(array):
     return address
 
 
-def ring(address):
-    """Add one to the 32-bit word at ``address`` and wake its sleeper."""
-    _call(_NR, ctypes.c_void_p(address), _FUTEX_WAKE_OP, 1, None,
+def bit_of(slot):
+    """The bit a node of control slot ``slot`` sleeps for."""
+    return 1 << (slot % 32)
+
+
+def wake(address, bits):
+    """Wake the sleepers on the word at ``address`` whose bit is in
+    ``bits`` (the caller changed the word first)."""
+    _call(_NR, ctypes.c_void_p(address), _FUTEX_WAKE_BITSET, _EVERYONE,
+          None, None, ctypes.c_uint(bits))
+
+
+def wake_all(address):
+    """Add one to the word at ``address`` (atomically) and wake every
+    sleeper on it."""
+    _call(_NR, ctypes.c_void_p(address), _FUTEX_WAKE_OP, _EVERYONE, None,
           ctypes.c_void_p(address), _ADD_ONE)
 
 
-def sleep(address, seen, timeout):
+def sleep(address, seen, bit, timeout):
     """Sleep while the 32-bit word at ``address`` holds ``seen`` (its
-    value as a signed 32-bit int), ``timeout`` seconds at most."""
-    whole = int(timeout)
-    spec = _Timespec(whole, int((timeout - whole) * 1e9))
-    if _call(_NR, ctypes.c_void_p(address), _FUTEX_WAIT,
-             ctypes.c_int(seen), ctypes.byref(spec), None, 0) == -1:
+    value as a signed 32-bit int) until a wake-up for ``bit`` --
+    ``timeout`` seconds at most."""
+    deadline = time.monotonic() + timeout   # CLOCK_MONOTONIC, as the futex
+    whole = int(deadline)
+    spec = _Timespec(whole, int((deadline - whole) * 1e9))
+    if _call(_NR, ctypes.c_void_p(address), _FUTEX_WAIT_BITSET,
+             ctypes.c_int(seen), ctypes.byref(spec), None,
+             ctypes.c_uint(bit)) == -1:
         error = ctypes.get_errno()
         if error not in (0, 11, 4, 110):  # EAGAIN, EINTR, ETIMEDOUT: fine
             raise OSError(error, os.strerror(error))

@@ -96,7 +96,8 @@ class NodeHandle:
         self.pid = None       # known once it said ready
         self.plans = collections.OrderedDict()  # mirror of the node's cache
         self.control_word = None  # shared int64 words (`ControlWords`)
-        self.bell = None          # address of its bell, if bells are used
+        self.board = None   # the scheduler's `Board`, if runs go there
+        self.bit = 0        # the node's bit of the run word (`_bell`)
         self.started_at = None    # monotonic seconds: when it was started
 
     def __repr__(self):
@@ -234,10 +235,9 @@ def _memory_fix(limit):
 
 class ControlWords:
     """Each node's control slot, in a page shared by many nodes: four
-    int64 words -- the run id to cancel, the node's bell (a 32-bit futex
-    word, `_bell`: rung once for every request the master makes of the
-    node), how many requests were posted on the `Board` for it, and where
-    the last one is (``offset << 32 | length``).
+    int64 words -- the run id to cancel, how many requests the master
+    made of the node (`Board.ring`), how many of them were posted on the
+    `Board`, and where the last one is (``offset << 32 | length``).
 
     One page holds the slots of 512 node starts, so the master maps one
     segment per 512 nodes, not one per node: every mapping of the master
@@ -250,9 +250,9 @@ class ControlWords:
     """
 
     #: int64 words per node, and the index of each
-    WORDS, CANCEL, BELL, POSTS, WHERE = (_bell.WORDS, _bell.CANCEL,
-                                         _bell.BELL, _bell.POSTS,
-                                         _bell.WHERE)
+    WORDS, CANCEL, ASKED, POSTS, WHERE = (_bell.WORDS, _bell.CANCEL,
+                                          _bell.ASKED, _bell.POSTS,
+                                          _bell.WHERE)
     SLOTS = 512
 
     def __init__(self, prefix):
@@ -279,29 +279,30 @@ class ControlWords:
         return (segment, slot), words[at:at + self.WORDS]
 
 
-def bell_of(words):
-    """The 32-bit bell (a numpy view) in a node's control ``words``."""
-    return words[ControlWords.BELL:ControlWords.BELL + 1].view(np.int32)[:1]
-
-
 class Board:
-    """Where the master posts a run's messages for the nodes to read: one
-    segment of the scheduler's, which every node maps.  A run writes each
-    distinct message once, from the start; a node is told where its own
-    is (its control slot) and rung.  A run's messages stay until the
-    next run: every node of a run reads its message before it answers,
-    and a run ends only once each node answered or was killed.  What
-    does not fit goes through the zygote."""
+    """Where the master posts a run's messages for the nodes to read, and
+    the run word they sleep on (`_bell`): one segment of the scheduler's,
+    which every node maps.  A run writes each distinct message once; a
+    node is told where its own is (its control slot), and the run's nodes
+    are woken together, with one system call.  A run's messages stay until
+    the next run: every node of a run reads its message before it
+    answers, and a run ends only once each node answered or was killed.
+    What does not fit goes through the zygote."""
 
     SIZE = 1 << 20
+    #: the run word, then the messages from here
+    HEAD = 64
 
     def __init__(self, prefix):
         self.segment, self._mm = shm.create_unique(
             f"{prefix}b_", self.SIZE, what="the run board")
-        self._end = 0
+        self._word = np.ndarray(1, np.int32, buffer=self._mm)
+        self.word = _bell.address_of(self._word)
+        self._end = self.HEAD
+        self._lock = threading.Lock()   # the counts: one writer at a time
 
     def clear(self):
-        self._end = 0
+        self._end = self.HEAD
 
     def put(self, data):
         """Write ``data`` (bytes) after what the run put already; its
@@ -313,25 +314,34 @@ class Board:
         self._end = end
         return start
 
+    def ring(self, handles, posts=None):
+        """Count a request in each of ``handles``' slots -- posted at
+        ``posts[i]`` ``(offset, length)`` of the board, if given, else
+        sent through its zygote -- then wake them all at once."""
+        bits = 0
+        asked, posted, where = (ControlWords.ASKED, ControlWords.POSTS,
+                                ControlWords.WHERE)
+        with self._lock:
+            for i, handle in enumerate(handles):
+                words = handle.control_word
+                if posts is not None:
+                    offset, length = posts[i]
+                    words[where] = (offset << 32) | length
+                    words[posted] += 1
+                words[asked] += 1
+                bits |= handle.bit
+            if bits:
+                self._word[0] += 1   # (the master alone writes it)
+                _bell.wake(self.word, bits)
+
     def close(self):
-        self._mm = None   # the segment goes with the scheduler's prefix
-
-
-def post(handle, offset, length):
-    """Tell ``handle``'s node its next request is at ``offset`` of the
-    board, and ring its bell."""
-    words = handle.control_word
-    words[ControlWords.WHERE] = (offset << 32) | length
-    words[ControlWords.POSTS] += 1
-    _bell.ring(handle.bell)
+        self._word = self._mm = None   # the segment goes with the prefix
 
 
 def ring_all(handles):
-    """Ring the bells of ``handles`` (sent a request through their
-    zygote)."""
-    for handle in handles:
-        if handle.bell is not None:
-            _bell.ring(handle.bell)
+    """Wake ``handles``, sent a request through their zygote."""
+    if handles and handles[0].board is not None:
+        handles[0].board.ring(handles)
 
 
 def signal_name(exitcode):
@@ -601,8 +611,8 @@ def node_spec(name, prefix, kwargs, control, faults=None, plan_ids=(),
 
 def send_all(handles, msg):
     """Send ``msg`` to each of ``handles``: pickled once, one command per
-    zygote (and a ring of each node's bell); the handles whose zygote is
-    gone (not sent)."""
+    zygote (then the nodes are woken); the handles whose zygote is gone
+    (not sent)."""
     raw = Z.frame(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
     failed = []
     for link, group in _by_link(handles).items():
@@ -619,31 +629,32 @@ def send_all(handles, msg):
 
 def send_each(sends, board=None):
     """Send each ``(handles, msg)`` of ``sends``; the handles whose zygote
-    is gone (not sent).  Each message is pickled once.  With a `Board`
-    (and bells), a message that fits is written there once and each of
-    its nodes is told where and rung: one system call per node, none for
-    its zygote.  The others go through the zygotes, all of a zygote's in
-    one command (a run's requests reach a batch in one write, whatever
-    their number)."""
-    by_link, failed = {}, []
+    is gone (not sent).  Each message is pickled once.  With a `Board`, a
+    message that fits is written there once, each of its nodes is told
+    where, and all of them are woken with one system call: none of their
+    zygotes' is on the way.  The others go through the zygotes, all of a
+    zygote's in one command (a run's requests reach a batch in one write,
+    whatever their number)."""
+    by_link, failed, posted, where = {}, [], [], []
     if board is not None:
         board.clear()
     for handles, msg in sends:
         data = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
-        offset = None
-        if board is not None and handles[0].bell is not None:
-            offset = board.put(data)
+        offset = None if board is None else board.put(data)
         if offset is not None:
             for handle in handles:
                 link = handle.link
                 if link is None or link.closed:
                     failed.append(handle)
                 else:
-                    post(handle, offset, len(data))
+                    posted.append(handle)
+                    where.append((offset, len(data)))
             continue
         raw = Z.frame(data)
         for link, group in _by_link(handles).items():
             by_link.setdefault(link, []).append((group, raw))
+    if posted:
+        board.ring(posted, where)
     for link, pairs in by_link.items():
         try:
             if link is None:
@@ -655,8 +666,7 @@ def send_each(sends, board=None):
             for group, _ in pairs:
                 failed.extend(group)
             continue
-        for group, _ in pairs:
-            ring_all(group)
+        ring_all([h for group, _ in pairs for h in group])
     return failed
 
 

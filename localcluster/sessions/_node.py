@@ -12,13 +12,14 @@
 The node's socket leads to its zygote (`_zygote`), which relays every
 message unchanged to and from the master; "the master" below is the
 master behind it -- the zygote goes when the master goes.  A run comes
-another way: the idle node sleeps on its bell (`_bell`), which the
-master rings for every request; a request posted on the master's run
-board is read there (its control slot says where) and answered on the
-batch's reply socket, straight to the master; any other comes on the
-socket (and is answered there).  Asleep, the node wakes at the latest
-every `BELL_WAIT` seconds; the watcher rings the bell when the master
-hangs up, so the main loop reads the socket's EOF.  Its output
+another way: the idle node sleeps on the run word (`_bell`), and the
+master counts every request it makes of the node in the node's control
+slot, then wakes it; a request posted on the master's run board is read
+there (the slot says where) and answered on the batch's reply socket,
+straight to the master; any other comes on the socket (and is answered
+there).  Asleep, the node wakes at the latest every `BELL_WAIT` seconds;
+the watcher wakes it when the master hangs up, so the main loop reads
+the socket's EOF.  Its output
 goes as frames on the pipe its batch shares (`_plumbing.FrameWriter`).
 A plan the zygote was given is inherited packed and loaded at the first
 run that names it.
@@ -95,7 +96,7 @@ EXIT_MEMORY = 86
 EXIT_ORPHANED = 87
 #: seconds a node whose master is gone gives its run to stop by itself
 MASTER_GONE_GRACE = 0.3
-#: seconds an idle node sleeps on its bell before it looks again (a wake-up
+#: seconds an idle node sleeps on the run word before it looks again (a wake-up
 #: is never missed: this only bounds the wait)
 BELL_WAIT = 5.0
 
@@ -109,9 +110,9 @@ class NodeSpec:
         self.name = name
         self.prefix = prefix            # segment prefix of this incarnation
         #: (segment, slot): the node's control slot (`_bell`: the run id
-        #: to cancel, its bell, where its board requests are)
+        #: to cancel, its requests counted, where its board requests are)
         self.control = control
-        #: the segment of the master's run board (None: no bells; every
+        #: the segment of the master's run board (None: none; every
         #: request comes on the node's socket)
         self.board = board
         #: (reply socket, the node's id in its batch), set by its zygote
@@ -218,20 +219,21 @@ class _NodeServer:
                                    channel_factory=self.channels,
                                    faults=self._faults(spec))
         segment, slot = spec.control
-        self.control = shm.map_segment(segment, writable=True)
+        self.control = shm.map_segment(segment)
         self.slot = np.ndarray(_bell.WORDS, np.int64, buffer=self.control,
                                offset=8 * _bell.WORDS * slot)
         self.control_word = self.slot[_bell.CANCEL:_bell.CANCEL + 1]
-        self.board = self.bell = None
+        self.board = self.word = None
         if spec.board is not None and spec.replies is not None:
-            self.board = shm.map_segment(spec.board)
-            self.bell_word = self.slot[_bell.BELL:_bell.BELL + 1].view(
-                np.int32)[:1]
-            self.bell = _bell.address_of(self.bell_word)
+            self.board = shm.map_segment(spec.board, writable=True)
+            self.run_word = np.ndarray(1, np.int32, buffer=self.board)
+            self.word = _bell.address_of(self.run_word)
+            self.bit = _bell.bit_of(slot)
+            self.hung_up = False   # the watcher saw the master hang up
             self.reply_fd, node_id = spec.replies[0], spec.replies[1]
             self.reply_head = _REPLY_HEAD.pack(node_id)
         self.posts = 0      # board requests read
-        self.from_socket = 0   # socket requests read (mod 2**32)
+        self.from_socket = 0   # socket requests read
         # the cancel signal's wake-up: its handler writes, the watcher reads
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.outbox = _Outbox(spec.prefix + "out")
@@ -285,14 +287,16 @@ class _NodeServer:
             if master in ready:
                 break
         # The master is gone: stop the run; the main loop then sees EOF
-        # and ends (asleep on its bell, it is rung to read its socket).  An op that never looks at its cancellation would keep
+        # and ends (asleep on the run word, it is woken to read its socket).
+        # An op that never looks at its cancellation would keep
         # the node alive (there is no parent-death signal under forkserver,
         # or when the master's launching thread lives on), so the node
         # ends itself -- and what it started -- if the loop has not.
         self.runtime.cancel()
-        if self.bell is not None:
+        if self.word is not None:
+            self.hung_up = True
             try:
-                _bell.ring(self.bell)
+                _bell.wake_all(self.word)
             except OSError:
                 pass
         if not self.finished.wait(MASTER_GONE_GRACE):
@@ -311,16 +315,18 @@ class _NodeServer:
 
     def _next(self):
         """The next request, and whether it came from the board.  With a
-        bell: asleep on it until the master rings -- for a request posted
-        on the board, or one sent through the zygote (read from the
-        socket, which may wait for the zygote to relay it)."""
-        if self.bell is None:
+        board: asleep on the run word until the master asks -- a request
+        posted on the board, or one sent through the zygote (read from
+        the socket, which may wait for the zygote to relay it)."""
+        if self.word is None:
             return self.requests.recv(), False
-        slot, bell, word = self.slot, self.bell, self.bell_word
+        slot, word, run_word = self.slot, self.word, self.run_word
         while True:
-            # the bell first: the master counts a post before it rings,
-            # so a request seen rung is never taken for a socket one
-            rung = int(word[0])
+            # the word first, then the counts: the master counts, then
+            # changes the word and wakes; and it counts a post before it
+            # counts the request, so a post is never taken for a socket one
+            seen = int(run_word[0])
+            asked = int(slot[_bell.ASKED])
             posts = int(slot[_bell.POSTS])
             if posts != self.posts:
                 self.posts = posts
@@ -328,11 +334,11 @@ class _NodeServer:
                 start = where >> 32
                 return pickle.loads(
                     self.board[start:start + (where & 0xffffffff)]), True
-            if (rung - posts) & 0xffffffff != self.from_socket:
-                msg = self.requests.recv()
-                self.from_socket = (self.from_socket + 1) & 0xffffffff
+            if asked - posts != self.from_socket or self.hung_up:
+                msg = self.requests.recv()   # EOFError once hung up
+                self.from_socket += 1
                 return msg, False
-            _bell.sleep(bell, rung, BELL_WAIT)
+            _bell.sleep(word, seen, self.bit, BELL_WAIT)
 
     def _serve(self):
         while True:

@@ -27,10 +27,10 @@ two descriptors per zygote (its control socket and the output pipe's read
 end; a third, the process sentinel, multiprocessing's), not four per
 node, and waits on one socket per batch, not on one pipe and sentinel
 per node.  A run does not go through the zygote: the master posts it on
-its run board and rings each node's bell (`_bell`), and the node answers
-on the batch's reply socket, which the zygote hands each node it forks
-(a request too big for the board, and every other request, still comes
-through the zygote, and the node's bell is rung for it too).  Plans the master gives a batch (a prototype's, packed once)
+its run board and wakes the run's nodes (`_bell`), and each answers on
+the batch's reply socket, which the zygote hands each node it forks (a
+request too big for the board, and every other request, still comes
+through the zygote, and the node is woken for it too).  Plans the master gives a batch (a prototype's, packed once)
 are inherited by its nodes, which load them at their first run: the
 master then sends only the plan's id.
 

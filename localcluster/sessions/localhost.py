@@ -11,7 +11,7 @@
         with the batch's plans            (plans inherited)
       ("run", rid, plan id) pickled once per distinct message, written
         on the run board (shm); each node's control slot says where,
-        and its bell is rung (a futex, `_bell`) ---------------> read there
+        and the run word changed: its nodes woken at once  --> read there
         (too big for the board: through the zygote's control socket)
       driver.drive(state, io)       <--- ("ok", rid, outputs as shm
         io.wait: one poll on the           descriptors) / error: on the
@@ -27,10 +27,12 @@
       -> "[node] line" in the master and/or <log_dir>/<node>.log
     fetch_blob(name, node)  -> ("fetch") -> descriptor -> map segment
 
-A run reaches its nodes with one system call each (the ring) and none of
-the zygotes': the zygote is off the path of a run both ways.  Where a
-futex cannot be called (`_bell.AVAILABLE`), every request goes through
-the zygote, as the other requests (fetch, feed, shutdown) always do.
+A run reaches all its nodes with one system call (a futex wake-up on the
+run word, for the bits of its nodes, `_bell`) and none of the zygotes':
+the zygote is off the path of a run both ways.  Where a futex cannot be
+called (`_bell.AVAILABLE`), every request goes through the zygote, as
+the other requests (fetch, feed, shutdown) always do.
+
 The master holds a few descriptors per zygote and none per node: a run
 of a thousand nodes waits on two sockets.  Under ``fork`` (the default) a
 zygote is forked from the master when its batch starts, so its nodes
@@ -75,7 +77,7 @@ from ._descriptors import is_emfile, make_room, out_of_descriptors
 from ._groupwatch import GroupWatcher
 from ._handle import (SHUTDOWN_STEP, Board, ControlWords, Mux, NodeHandle,
                       NodeState, ZygoteLink, await_ready, join_all, kill_all,
-                      bell_of, make_batch, node_spec, read_goodbyes,
+                      make_batch, node_spec, read_goodbyes,
                       send_all, send_each, wait_events)
 from ._logpump import LogPump
 from ._nodelogs import NodeLogs, std_stream
@@ -134,8 +136,9 @@ class LocalHostScheduler(Session):
         self._queues = QueueChannels(self._prefix)
         self._poller = Mux()    # the zygotes' control sockets
         self._controls = ControlWords(f"{self._prefix}ctl")
-        #: where a run's messages are posted for the nodes, who are rung
-        #: (`_bell`); None where futexes cannot be used: through the zygote
+        #: where a run's messages are posted for the nodes, and the word
+        #: they sleep on (`_bell`); None where futexes cannot be used: every
+        #: request goes through the zygotes
         self._board = Board(self._prefix) if _bell.AVAILABLE else None
         #: kills the node groups if this process dies (started with the
         #: first node)
@@ -230,7 +233,8 @@ class LocalHostScheduler(Session):
             handle = NodeHandle(name, prefix, dict(kwargs))
             control, handle.control_word = self._controls.take()
             if self._board is not None:
-                handle.bell = _bell.address_of(bell_of(handle.control_word))
+                handle.board, handle.bit = self._board, _bell.bit_of(
+                    control[1])
             plan_ids = ()
             prepared = plans.get(name)
             if prepared is not None:

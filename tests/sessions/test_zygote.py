@@ -41,7 +41,7 @@ def record_commands(monkeypatch):
     commands = []
     real = _handle.ZygoteLink.command
     real_put, real_clear = _handle.Board.put, _handle.Board.clear
-    real_post = _handle.post
+    real_ring = _handle.Board.ring
     posted = {}
 
     def recording(link, kind, ids, arg):
@@ -59,14 +59,15 @@ def record_commands(monkeypatch):
         commands.append((None, "clear", None, None))
         return real_clear(board)
 
-    def post(handle, offset, length):
-        posted[offset][2].append(handle.id)
-        return real_post(handle, offset, length)
+    def ring(board, handles, where=None):
+        for handle, (offset, _) in zip(handles, where or ()):
+            posted[offset][2].append(handle.id)
+        return real_ring(board, handles, where)
 
     monkeypatch.setattr(_handle.ZygoteLink, "command", recording)
     monkeypatch.setattr(_handle.Board, "put", put)
     monkeypatch.setattr(_handle.Board, "clear", clear)
-    monkeypatch.setattr(_handle, "post", post)
+    monkeypatch.setattr(_handle.Board, "ring", ring)
     return commands
 
 
@@ -235,16 +236,16 @@ def test_a_run_reaches_the_nodes_of_a_zygote_in_one_command(monkeypatch):
 
 @pytest.mark.skipif(not _bell.AVAILABLE, reason="no futex here: runs go "
                     "through the zygote")
-def test_a_run_reaches_its_nodes_with_one_ring_each_and_no_zygote(
+def test_a_run_reaches_its_nodes_with_one_wake_up_and_no_zygote(
         monkeypatch):
-    """A run of a kept plan is posted on the board and each of its nodes
-    rung once: nothing goes through the zygote either way -- the answers
-    come on the batch's reply socket."""
+    """A run of a kept plan is posted on the board and all its nodes are
+    woken with one system call: nothing goes through the zygote either
+    way -- the answers come on the batch's reply socket."""
     commands = record_commands(monkeypatch)
-    rings, replies = [], []
-    real_ring, real_read = _bell.ring, _handle.ZygoteLink.read_replies
-    monkeypatch.setattr(_bell, "ring", lambda at: (rings.append(at),
-                                                   real_ring(at))[1])
+    wakes, replies = [], []
+    real_wake, real_read = _bell.wake, _handle.ZygoteLink.read_replies
+    monkeypatch.setattr(_bell, "wake", lambda at, bits: (
+        wakes.append((at, bits)), real_wake(at, bits))[1])
 
     def read_replies(link):
         before = {h: len(h.inbox) for h in link.handles if h is not None}
@@ -261,12 +262,15 @@ def test_a_run_reaches_its_nodes_with_one_ring_each_and_no_zygote(
     scheduler = LocalHostScheduler(nodes=names)
     try:
         scheduler.run(group)
-        bells = {scheduler._nodes[n].bell for n in names}
-        del commands[:], rings[:], replies[:]
+        handles = [scheduler._nodes[n] for n in names]
+        bits = 0
+        for handle in handles:
+            bits |= handle.bit
+        del commands[:], wakes[:], replies[:]
         for _ in range(3):
             scheduler.run(group)
+        woken = list(wakes)
         got = [float(scheduler.fetch_blob("x", name)[0]) for name in names]
-        rung = list(rings)
     finally:
         scheduler.close()
     runs = run_commands([c for c in commands if c[0] is None])
@@ -277,8 +281,9 @@ def test_a_run_reaches_its_nodes_with_one_ring_each_and_no_zygote(
                      pickle.loads(raw[4:])[0] == P.RUN for _, raw in
                      ([(c[2], c[3])] if c[1] == "send" else c[3]))]
     assert run_sends == []
-    # ... one ring of each node's bell per run (and one per fetch after)
-    assert len(rung) == 3 * 4 + 4 and set(rung) == bells
+    # ... one wake-up of all four nodes each ...
+    assert len({h.bit for h in handles}) == 4
+    assert woken == [(handles[0].board.word, bits)] * 3
     # ... and every answer of the runs on the reply socket
     assert len(replies) == 3 * 4
     assert got == [0.0, 1.0, 2.0, 3.0]
