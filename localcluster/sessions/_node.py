@@ -62,6 +62,7 @@ thing the user saw of it, twice.  A `MemoryError` an op raises (without a
 ``memory_limit``) fails that op, like any other error of it.
 """
 
+import errno
 import gc
 import logging
 import os
@@ -405,9 +406,15 @@ class _NodeServer:
                 # master, on the batch's reply socket, if it fits there
                 data = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
                 if len(data) <= _REPLY_MAX:
-                    with self.send_lock:
-                        os.write(self.reply_fd, self.reply_head + data)
-                    return
+                    try:
+                        with self.send_lock:
+                            os.write(self.reply_fd, self.reply_head + data)
+                        return
+                    except OSError as exc:
+                        # a datagram bigger than the socket takes (a small
+                        # send buffer): through the zygote, as a big one
+                        if exc.errno not in (errno.EMSGSIZE, errno.ENOBUFS):
+                            raise
             self.send(msg)
         except (OSError, EOFError):
             pass  # the master is gone; the next recv sees EOF

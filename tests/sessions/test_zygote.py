@@ -16,9 +16,10 @@ import psutil
 import pytest
 
 from localcluster import (Cluster, LocalHostScheduler, Node, NodeFailedError,
-                          Task, TaskGroup, WorkspaceType, ops)
+                          Task, TaskFailedError, TaskGroup, WorkspaceType,
+                          ops)
 from localcluster.runtime import shm
-from localcluster.sessions import _bell, _handle
+from localcluster.sessions import _bell, _handle, _node
 from localcluster.sessions import _protocol as P
 
 from conftest import child_processes, kill_and_wait, running, zygote
@@ -287,6 +288,53 @@ def test_a_run_reaches_its_nodes_with_one_wake_up_and_no_zygote(
     # ... and every answer of the runs on the reply socket
     assert len(replies) == 3 * 4
     assert got == [0.0, 1.0, 2.0, 3.0]
+
+
+def raise_a_long_error(_):
+    raise ValueError("long " + "x" * 200_000)
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_an_answer_too_big_for_the_reply_socket_comes_through_the_zygote(
+        monkeypatch, refused):
+    """A run's answer longer than a datagram of the reply socket takes
+    (an error of 200 kB) reaches the master all the same -- whether the
+    node knows it is too long, or the socket refuses it -- and the node
+    answers the next run the short way again."""
+    if refused:   # (the nodes are forked from here: they try it)
+        monkeypatch.setattr(_node, "_REPLY_MAX", 1 << 30)
+    through_zygote = []
+    real_read = _handle.ZygoteLink.read
+
+    def read(link):
+        before = {h: len(h.inbox) for h in link.handles if h is not None}
+        real_read(link)
+        through_zygote.extend(h.inbox[-1][0] for h, n in before.items()
+                              if len(h.inbox) > n and h.inbox[-1] is not
+                              _handle.DEATH)
+
+    monkeypatch.setattr(_handle.ZygoteLink, "read", read)
+    with TaskGroup(WorkspaceType.GLOBAL) as failing:
+        with Node("talker"), Task():
+            ops.Python(raise_a_long_error)([ops.Const(1)], [])
+    with TaskGroup(WorkspaceType.GLOBAL) as fine:
+        with Node("talker"), Task():
+            ops.ConstantFill([], ["x"], shape=[1], value=2.0)
+    scheduler = LocalHostScheduler(nodes=["talker"])
+    try:
+        del through_zygote[:]
+        with pytest.raises(TaskFailedError) as info:
+            scheduler.run(failing, timeout=30)
+        assert "x" * 200_000 in str(info.value.__cause__)
+        if _bell.AVAILABLE:
+            assert through_zygote == [P.ERROR]
+        del through_zygote[:]
+        scheduler.run(fine, timeout=30)
+        assert float(scheduler.fetch_blob("x", "talker")[0]) == 2.0
+        if _bell.AVAILABLE:   # (the fetch's answer: by the zygote)
+            assert through_zygote == [P.OK]
+    finally:
+        scheduler.close()
 
 
 def test_a_plan_bigger_than_a_socket_buffer_reaches_every_instance():
