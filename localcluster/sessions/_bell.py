@@ -25,7 +25,7 @@ import platform
 import time
 
 __all__ = ["AVAILABLE", "address_of", "bit_of", "wake", "wake_all",
-           "sleep", "WORDS", "CANCEL", "ASKED", "POSTS", "WHERE"]
+           "sleep", "Sleeper", "WORDS", "CANCEL", "ASKED", "POSTS", "WHERE"]
 
 #: a node's control slot (`_handle.ControlWords`): int64 words -- the run
 #: id to cancel, how many requests the master made of the node, how many
@@ -82,10 +82,13 @@ def bit_of(slot):
 
 
 def wake(address, bits):
-    """Wake the sleepers on the word at ``address`` whose bit is in
-    ``bits`` (the caller changed the word first)."""
-    _call(_NR, ctypes.c_void_p(address), _FUTEX_WAKE_BITSET, _EVERYONE,
-          None, None, ctypes.c_uint(bits))
+    """Wake the sleepers on the word at ``address`` (an int, or a
+    `ctypes.c_void_p` made once) whose bit is in ``bits`` (the caller
+    changed the word first)."""
+    if not isinstance(address, ctypes.c_void_p):
+        address = ctypes.c_void_p(address)
+    _call(_NR, address, _FUTEX_WAKE_BITSET, _EVERYONE, None, None,
+          ctypes.c_uint(bits))
 
 
 def wake_all(address):
@@ -99,12 +102,26 @@ def sleep(address, seen, bit, timeout):
     """Sleep while the 32-bit word at ``address`` holds ``seen`` (its
     value as a signed 32-bit int) until a wake-up for ``bit`` --
     ``timeout`` seconds at most."""
-    deadline = time.monotonic() + timeout   # CLOCK_MONOTONIC, as the futex
-    whole = int(deadline)
-    spec = _Timespec(whole, int((deadline - whole) * 1e9))
-    if _call(_NR, ctypes.c_void_p(address), _FUTEX_WAIT_BITSET,
-             ctypes.c_int(seen), ctypes.byref(spec), None,
-             ctypes.c_uint(bit)) == -1:
-        error = ctypes.get_errno()
-        if error not in (0, 11, 4, 110):  # EAGAIN, EINTR, ETIMEDOUT: fine
-            raise OSError(error, os.strerror(error))
+    Sleeper(address, bit).sleep(seen, timeout)
+
+
+class Sleeper:
+    """`sleep` on one word for one bit, its arguments made once (a node
+    sleeps after every request)."""
+
+    def __init__(self, address, bit):
+        self._address = ctypes.c_void_p(address)
+        self._bit = ctypes.c_uint(bit)
+        self._spec = _Timespec()
+        self._at = ctypes.byref(self._spec)
+
+    def sleep(self, seen, timeout):
+        deadline = time.monotonic() + timeout   # CLOCK_MONOTONIC
+        spec = self._spec
+        spec.tv_sec = whole = int(deadline)
+        spec.tv_nsec = int((deadline - whole) * 1e9)
+        if _call(_NR, self._address, _FUTEX_WAIT_BITSET, seen, self._at,
+                 None, self._bit) == -1:
+            error = ctypes.get_errno()
+            if error not in (0, 11, 4, 110):  # EAGAIN, EINTR, ETIMEDOUT
+                raise OSError(error, os.strerror(error))

@@ -20,6 +20,7 @@ their inboxes.
 """
 
 import collections
+import ctypes
 import enum
 import logging
 import math
@@ -298,6 +299,7 @@ class Board:
             f"{prefix}b_", self.SIZE, what="the run board")
         self._word = np.ndarray(1, np.int32, buffer=self._mm)
         self.word = _bell.address_of(self._word)
+        self._address = ctypes.c_void_p(self.word)
         self._end = self.HEAD
         self._lock = threading.Lock()   # the counts: one writer at a time
 
@@ -332,7 +334,7 @@ class Board:
                 bits |= handle.bit
             if bits:
                 self._word[0] += 1   # (the master alone writes it)
-                _bell.wake(self.word, bits)
+                _bell.wake(self._address, bits)
 
     def close(self):
         self._word = self._mm = None   # the segment goes with the prefix

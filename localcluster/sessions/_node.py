@@ -230,6 +230,7 @@ class _NodeServer:
             self.run_word = np.ndarray(1, np.int32, buffer=self.board)
             self.word = _bell.address_of(self.run_word)
             self.bit = _bell.bit_of(slot)
+            self.sleeper = _bell.Sleeper(self.word, self.bit)
             self.hung_up = False   # the watcher saw the master hang up
             self.reply_fd, node_id = spec.replies[0], spec.replies[1]
             self.reply_head = _REPLY_HEAD.pack(node_id)
@@ -321,7 +322,7 @@ class _NodeServer:
         the socket, which may wait for the zygote to relay it)."""
         if self.word is None:
             return self.requests.recv(), False
-        slot, word, run_word = self.slot, self.word, self.run_word
+        slot, run_word, sleeper = self.slot, self.run_word, self.sleeper
         while True:
             # the word first, then the counts: the master counts, then
             # changes the word and wakes; and it counts a post before it
@@ -339,7 +340,7 @@ class _NodeServer:
                 msg = self.requests.recv()   # EOFError once hung up
                 self.from_socket += 1
                 return msg, False
-            _bell.sleep(word, seen, self.bit, BELL_WAIT)
+            sleeper.sleep(seen, BELL_WAIT)
 
     def _serve(self):
         while True:

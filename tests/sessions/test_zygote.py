@@ -246,7 +246,8 @@ def test_a_run_reaches_its_nodes_with_one_wake_up_and_no_zygote(
     wakes, replies = [], []
     real_wake, real_read = _bell.wake, _handle.ZygoteLink.read_replies
     monkeypatch.setattr(_bell, "wake", lambda at, bits: (
-        wakes.append((at, bits)), real_wake(at, bits))[1])
+        wakes.append((getattr(at, "value", at), bits)),
+        real_wake(at, bits))[1])
 
     def read_replies(link):
         before = {h: len(h.inbox) for h in link.handles if h is not None}
