@@ -8,13 +8,18 @@
       one control socket                  the batch at start
         ("send", ids, bytes) ----------> written to each node's  -> requests
         ("sends", None, [(ids, bytes),   socket, unchanged
-          ...]): a run, one command
+          ...]): a run too big for the
+          board, one command
         <---- [("m", id, reply bytes),   read from the nodes'    <- replies
                ("x", id, exit code)]     sockets; deaths reaped
         ("signal"/"kill", ids, sig) ---> kill(2) / killpg(2)
       one output pipe (the LogPump)   <------------------------- every node's
         frames <= PIPE_BUF: atomic    <-- "x" once a node is      output
                                           reaped: nothing follows
+      one reply socket (SOCK_SEQPACKET) <-- inherited by each --- answers to
+        (id, reply bytes) datagrams        node                   runs read
+                                                                  from the
+                                                                  run board
 
 The master starts one zygote per batch of nodes it starts together (a
 run's missing nodes, all the instances of a prototype among them): forked
@@ -30,9 +35,10 @@ per node.  A run does not go through the zygote: the master posts it on
 its run board and wakes the run's nodes (`_bell`), and each answers on
 the batch's reply socket, which the zygote hands each node it forks (a
 request too big for the board, and every other request, still comes
-through the zygote, and the node is woken for it too).  Plans the master gives a batch (a prototype's, packed once)
-are inherited by its nodes, which load them at their first run: the
-master then sends only the plan's id.
+through the zygote, and the node is woken for it too).  Plans the
+master gives a batch (a prototype's, packed once) are inherited by its
+nodes, which load them at their first run: the master then sends only
+the plan's id.
 
 The zygote never blocks on a node or on the master: every socket of its
 is non-blocking, and what cannot be written yet waits in a buffer.  It is
