@@ -13,9 +13,8 @@ again).  ``sleep`` returns once the word is no longer the value the
 caller saw, it is woken, a signal comes, or ``timeout`` seconds pass --
 never later.  ``wake_all`` adds one atomically and wakes every sleeper (a
 node whose master hung up wakes itself so).  Where futexes cannot be
-called (not Linux, an architecture whose system call number is not known
-here), `AVAILABLE` is False and the scheduler sends every request
-through the zygote instead.
+called (not Linux, not x86: see `_SYS_FUTEX`), `AVAILABLE` is False
+and the scheduler sends every request through the zygote instead.
 """
 
 import ctypes
@@ -33,10 +32,13 @@ __all__ = ["AVAILABLE", "address_of", "bit_of", "wake", "wake_all",
 #: 32 | length``)
 WORDS, CANCEL, ASKED, POSTS, WHERE = 4, 0, 1, 2, 3
 
-#: the futex system call's number, by machine
-_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98,
-              "riscv64": 98, "ppc64le": 221, "ppc64": 221, "s390x": 238,
-              "i386": 240, "i686": 240}
+#: the futex system call's number, by machine -- x86 only: the master
+#: and the nodes read and write the words of the board and the control
+#: slots with plain loads and stores (numpy), in an order the other side
+#: relies on (the counts before the run word, the word before the
+#: counts), which x86 keeps and weaker memory models (ARM, POWER,
+#: RISC-V) do not
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "i386": 240, "i686": 240}
 
 _FUTEX_WAKE_OP, _FUTEX_WAIT_BITSET, _FUTEX_WAKE_BITSET = 5, 9, 10
 #: FUTEX_OP(FUTEX_OP_ADD, 1, FUTEX_OP_CMP_EQ, 0): add one to the word;

@@ -291,6 +291,43 @@ def test_a_run_reaches_its_nodes_with_one_wake_up_and_no_zygote(
     assert got == [0.0, 1.0, 2.0, 3.0]
 
 
+def test_without_futexes_every_request_goes_through_the_zygote(
+        monkeypatch):
+    """Where the run word cannot be used, runs go as any other request:
+    one command to the zygote per run, the answers through it -- errors
+    and deaths included."""
+    monkeypatch.setattr(_bell, "AVAILABLE", False)
+    commands = record_commands(monkeypatch)
+    names = [f"worker_{i}" for i in range(3)]
+    with TaskGroup(WorkspaceType.GLOBAL) as group:
+        for i, name in enumerate(names):
+            with Node(name), Task():
+                ops.ConstantFill([], ["x"], shape=[1], value=float(i))
+    with TaskGroup(WorkspaceType.GLOBAL) as failing:
+        with Node("worker_1"), Task():
+            ops.Python(raise_a_long_error)([ops.Const(1)], [])
+    scheduler = LocalHostScheduler(nodes=names)
+    try:
+        assert scheduler._board is None
+        for _ in range(2):
+            scheduler.run(group, timeout=30)
+        with pytest.raises(TaskFailedError):
+            scheduler.run(failing, timeout=30)
+        os.kill(scheduler.node_pids()["worker_2"], signal.SIGKILL)
+        with pytest.raises(NodeFailedError, match="'worker_2'.*SIGKILL"):
+            scheduler.run(group, timeout=30)
+        scheduler.run(group, timeout=30)   # restarted
+        got = [float(scheduler.fetch_blob("x", name)[0]) for name in names]
+    finally:
+        scheduler.close()
+    assert got == [0.0, 1.0, 2.0]
+    assert not [c for c in commands if c[1] in ("board", "clear")]
+    runs = run_commands(commands)
+    # the five runs, each in one command per zygote (the last has two)
+    assert len({msg[1] for sends in runs for _, msg in sends}) == 5
+    assert [len(sends) for sends in runs[:2]] == [3, 3]
+
+
 def raise_a_long_error(_):
     raise ValueError("long " + "x" * 200_000)
 
