@@ -288,9 +288,10 @@ class Board:
     are woken together, with one system call.  A run's messages stay until
     the next run: every node of a run reads its message before it
     answers, and a run ends only once each node answered or was killed.
-    What does not fit goes through the zygote."""
+    What does not fit goes through the zygote.  (256 KiB: the messages of
+    hundreds of distinct plans -- a prototype's instances share one.)"""
 
-    SIZE = 1 << 20
+    SIZE = 1 << 18
     #: the run word, then the messages from here
     HEAD = 64
 

@@ -139,7 +139,13 @@ class LocalHostScheduler(Session):
         #: where a run's messages are posted for the nodes, and the word
         #: they sleep on (`_bell`); None where futexes cannot be used: every
         #: request goes through the zygotes
-        self._board = Board(self._prefix) if _bell.AVAILABLE else None
+        self._board = None
+        if _bell.AVAILABLE:
+            try:
+                self._board = Board(self._prefix)
+            except OSError as exc:   # a full /dev/shm, say: runs still go
+                log.debug("no run board (%s): runs go through the zygotes",
+                          exc)
         #: kills the node groups if this process dies (started with the
         #: first node)
         self._watcher = GroupWatcher(self._prefix, shm.SHM_DIR)

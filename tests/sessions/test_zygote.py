@@ -3,6 +3,7 @@ a death it reports names the node and how it died, nothing outlives the
 master, the zygote itself is reaped, and a prototype's plan reaches its
 instances once."""
 
+import errno
 import os
 import pickle
 import signal
@@ -326,6 +327,27 @@ def test_without_futexes_every_request_goes_through_the_zygote(
     # the five runs, each in one command per zygote (the last has two)
     assert len({msg[1] for sends in runs for _, msg in sends}) == 5
     assert [len(sends) for sends in runs[:2]] == [3, 3]
+
+
+def test_no_room_for_the_run_board_is_no_error(monkeypatch):
+    """A scheduler that cannot make its run board (a full /dev/shm)
+    runs through the zygotes."""
+    from localcluster.sessions import localhost
+
+    def no_room(prefix):
+        raise OSError(errno.ENOSPC, "no room")
+
+    monkeypatch.setattr(localhost, "Board", no_room)
+    with TaskGroup(WorkspaceType.GLOBAL) as group:
+        with Node("solo"), Task():
+            ops.ConstantFill([], ["x"], shape=[1], value=3.0)
+    scheduler = LocalHostScheduler(nodes=["solo"])
+    try:
+        assert scheduler._board is None
+        scheduler.run(group, timeout=30)
+        assert float(scheduler.fetch_blob("x", "solo")[0]) == 3.0
+    finally:
+        scheduler.close()
 
 
 def raise_a_long_error(_):
