@@ -17,7 +17,7 @@ with this process's descriptors and limits: it holds `PER_NODE`
 descriptor for as long as a node process lives (its end of the node's
 socket) besides what it inherited, while the master holds a few per
 zygote (`PER_ZYGOTE`: its control socket, its nodes' output pipe and
-reply socket, its process sentinel) and none per node, and `PER_QUEUE` for each queue
+reply pipe, its process sentinel) and none per node, and `PER_QUEUE` for each queue
 between node processes (its channel's two doorbells); `SPARE` covers what
 a fork holds for a moment and the files the master opens meanwhile (the
 run's history, a trace, a log).  One count covers both processes.  Counted before anything starts, a run

@@ -29,7 +29,6 @@ import os
 import pickle
 import select
 import signal
-import socket
 import struct
 import sys
 import threading
@@ -66,12 +65,13 @@ CONN, SENTINEL = "conn", "sentinel"
 DEATH = object()
 
 #: a node's answer to a request read from the board comes straight to the
-#: master on its batch's reply socket (SOCK_SEQPACKET: one datagram, whole,
-#: whichever node of the batch writes at the same time): its id in the
-#: batch, then the pickled message -- if it is no longer than this; a
-#: longer one goes through the zygote
-REPLY_MAX = 65536
-REPLY_HEAD = struct.Struct("!I")
+#: master on its batch's reply pipe -- one write, so whole, whichever node
+#: of the batch writes at the same time (a pipe keeps a write of at most
+#: PIPE_BUF bytes in one piece): its id in the batch and the length of the
+#: pickled message, then the message -- if that fits; a longer one goes
+#: through the zygote.  The master takes every answer waiting in one read.
+REPLY_HEAD = struct.Struct("!II")
+REPLY_MAX = select.PIPE_BUF - REPLY_HEAD.size
 
 
 class NodeState(enum.Enum):
@@ -371,7 +371,8 @@ class ZygoteLink:
         self.process = process
         self.pid = process.pid
         self.conn = conn
-        self.replies = replies   # the batch's reply socket, or None
+        self.replies = replies   # the batch's reply pipe, or None
+        self._replied = bytearray()   # what was read of it: whole answers
         self.on_gone = on_gone
         self.closed = False
 
@@ -383,7 +384,7 @@ class ZygoteLink:
               replies=False):
         """Start the zygote of ``batch`` (its nodes' ``handles`` and log
         ``sinks``, in batch order); returns before any node is ready.
-        ``replies``: give the batch a reply socket (its nodes answer the
+        ``replies``: give the batch a reply pipe (its nodes answer the
         requests they read from the board on it)."""
         control, zygote_end = ctx.Pipe(duplex=True)
         out_r, out_w = ctx.Pipe(duplex=False)
@@ -391,13 +392,12 @@ class ZygoteLink:
         reply_r = reply_w = None
         if replies:
             try:
-                reply_r, reply_w = socket.socketpair(socket.AF_UNIX,
-                                                     socket.SOCK_SEQPACKET)
+                reply_r, reply_w = ctx.Pipe(duplex=False)
             except BaseException:
                 for end in ends:
                     end.close()
                 raise
-            reply_r.setblocking(False)
+            os.set_blocking(reply_r.fileno(), False)
             ends += [reply_r, reply_w]
         # A zygote forked later closes these (and this zygote its copy).
         MASTER_ENDS.update((control, out_r))
@@ -467,7 +467,7 @@ class ZygoteLink:
             return
         if self.replies is not None and \
                 any(kind != Z.MESSAGE for kind, _, _ in events):
-            # what a node answered on the reply socket before it died
+            # what a node answered on the reply pipe before it died
             # comes before its death
             self.read_replies()
         ready = self.mux.ready
@@ -484,31 +484,40 @@ class ZygoteLink:
             ready[handle] = None
 
     def read_replies(self):
-        """Take the answers waiting on the batch's reply socket into the
+        """Take the answers waiting on the batch's reply pipe into the
         inboxes."""
         replies, ready = self.replies, self.mux.ready
         if replies is None:
             return
-        while True:
-            try:
-                data = replies.recv(REPLY_MAX + REPLY_HEAD.size)
-            except BlockingIOError:
-                return
-            except OSError:
-                data = b""
-            if not data:
-                # every node and the zygote are gone: nothing more comes
-                # (the control socket says the rest)
-                self.mux.drop_replies(self)
-                return
-            node_id, = REPLY_HEAD.unpack_from(data)
+        buffer = self._replied
+        try:
+            while True:
+                data = os.read(replies.fileno(), 1 << 16)
+                if not data:
+                    # every node and the zygote are gone: nothing more
+                    # comes (the control socket says the rest)
+                    self.mux.drop_replies(self)
+                    break
+                buffer += data
+                if len(data) < 1 << 16:
+                    break
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.mux.drop_replies(self)
+        at, size, head = 0, len(buffer), REPLY_HEAD.size
+        while size - at >= head:
+            node_id, length = REPLY_HEAD.unpack_from(buffer, at)
+            if size - at < head + length:
+                break   # (never: a write of an answer is whole)
             handle = self.handles[node_id] if node_id < len(self.handles) \
                 else None
-            if handle is None:
-                continue
-            handle.inbox.append(pickle.loads(memoryview(data)[
-                REPLY_HEAD.size:]))
-            ready[handle] = None
+            if handle is not None:
+                handle.inbox.append(pickle.loads(
+                    buffer[at + head:at + head + length]))
+                ready[handle] = None
+            at += head + length
+        del buffer[:at]
 
     def close(self, wait=ZYGOTE_WAIT):
         """The zygote is gone (EOF) or is told to go: reap it; a node it
@@ -705,7 +714,7 @@ class Mux:
     def __init__(self):
         self._poll = select.poll()
         self._links = {}
-        self._replies = {}   # reply socket fd -> link
+        self._replies = {}   # reply pipe fd -> link
         self.ready = {}   # handle -> None, in arrival order
 
     def __len__(self):
@@ -731,7 +740,7 @@ class Mux:
         self.drop_replies(link)
 
     def drop_replies(self, link):
-        """Stop waiting on ``link``'s reply socket."""
+        """Stop waiting on ``link``'s reply pipe."""
         for fd, owner in list(self._replies.items()):
             if owner is link:
                 self._poll.unregister(fd)

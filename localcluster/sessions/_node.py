@@ -15,7 +15,7 @@ master behind it -- the zygote goes when the master goes.  A run comes
 another way: the idle node sleeps on the run word (`_bell`), and the
 master counts every request it makes of the node in the node's control
 slot, then wakes it; a request posted on the master's run board is read
-there (the slot says where) and answered on the batch's reply socket,
+there (the slot says where) and answered on the batch's reply pipe,
 straight to the master; any other comes on the socket (and is answered
 there).  Asleep, the node wakes at the latest every `BELL_WAIT` seconds;
 the watcher wakes it when the master hangs up, so the main loop reads
@@ -62,7 +62,6 @@ thing the user saw of it, twice.  A `MemoryError` an op raises (without a
 ``memory_limit``) fails that op, like any other error of it.
 """
 
-import errno
 import gc
 import logging
 import os
@@ -116,7 +115,8 @@ class NodeSpec:
         #: the segment of the master's run board (None: none; every
         #: request comes on the node's socket)
         self.board = board
-        #: (reply socket, the node's id in its batch), set by its zygote
+        #: (reply pipe write end, the node's id in its batch), set by its
+        #: zygote
         self.replies = None
         self.kwargs = kwargs            # cpus, memory_limit, env
         self.master_pid = master_pid
@@ -232,8 +232,7 @@ class _NodeServer:
             self.bit = _bell.bit_of(slot)
             self.sleeper = _bell.Sleeper(self.word, self.bit)
             self.hung_up = False   # the watcher saw the master hang up
-            self.reply_fd, node_id = spec.replies[0], spec.replies[1]
-            self.reply_head = _REPLY_HEAD.pack(node_id)
+            self.reply_fd, self.node_id = spec.replies
         self.posts = 0      # board requests read
         self.from_socket = 0   # socket requests read
         # the cancel signal's wake-up: its handler writes, the watcher reads
@@ -404,18 +403,15 @@ class _NodeServer:
         try:
             if self.posted:
                 # a request read from the board: answered straight to the
-                # master, on the batch's reply socket, if it fits there
+                # master, on the batch's reply pipe, if it fits in one
+                # write that stays whole (`_handle.REPLY_MAX`)
                 data = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
                 if len(data) <= _REPLY_MAX:
-                    try:
-                        with self.send_lock:
-                            os.write(self.reply_fd, self.reply_head + data)
-                        return
-                    except OSError as exc:
-                        # a datagram bigger than the socket takes (a small
-                        # send buffer): through the zygote, as a big one
-                        if exc.errno not in (errno.EMSGSIZE, errno.ENOBUFS):
-                            raise
+                    with self.send_lock:
+                        os.write(self.reply_fd,
+                                 _REPLY_HEAD.pack(self.node_id, len(data)) +
+                                 data)
+                    return
             self.send(msg)
         except (OSError, EOFError):
             pass  # the master is gone; the next recv sees EOF
@@ -491,9 +487,9 @@ class _NodeServer:
                 "dtype": value.dtype.str}
 
 
-#: the reply socket's framing (`_handle.REPLY_HEAD`, `_handle.REPLY_MAX`)
-_REPLY_HEAD = struct.Struct("!I")
-_REPLY_MAX = 65536
+#: the reply pipe's framing (`_handle.REPLY_HEAD`, `_handle.REPLY_MAX`)
+_REPLY_HEAD = struct.Struct("!II")
+_REPLY_MAX = select.PIPE_BUF - _REPLY_HEAD.size
 
 
 def _is_memory(exc):

@@ -16,10 +16,10 @@
       one output pipe (the LogPump)   <------------------------- every node's
         frames <= PIPE_BUF: atomic    <-- "x" once a node is      output
                                           reaped: nothing follows
-      one reply socket (SOCK_SEQPACKET) <-- inherited by each --- answers to
-        (id, reply bytes) datagrams        node                   runs read
-                                                                  from the
-                                                                  run board
+      one reply pipe                  <-- inherited by each --- answers to
+        (id, length, reply bytes):        node                   runs read
+        one write each, <= PIPE_BUF                              from the
+                                                                 run board
 
 The master starts one zygote per batch of nodes it starts together (a
 run's missing nodes, all the instances of a prototype among them): forked
@@ -33,7 +33,7 @@ end; a third, the process sentinel, multiprocessing's), not four per
 node, and waits on one socket per batch, not on one pipe and sentinel
 per node.  A run does not go through the zygote: the master posts it on
 its run board and wakes the run's nodes (`_bell`), and each answers on
-the batch's reply socket, which the zygote hands each node it forks (a
+the batch's reply pipe, which the zygote hands each node it forks (a
 request too big for the board, and every other request, still comes
 through the zygote, and the node is woken for it too).  Plans the
 master gives a batch (a prototype's, packed once) are inherited by its
@@ -135,7 +135,7 @@ class Batch:
 def zygote_main(batch, control, out_w, replies=None):
     """Entry point of a zygote (``control``: its end of the control
     socket; ``out_w``: the write end of the batch's output pipe;
-    ``replies``: the nodes' end of the batch's reply socket, or None)."""
+    ``replies``: the write end of the batch's reply pipe, or None)."""
     zygote = _Zygote(batch, control.fileno(), out_w.fileno(),
                      None if replies is None else replies.fileno())
     try:

@@ -15,7 +15,7 @@
         (too big for the board: through the zygote's control socket)
       driver.drive(state, io)       <--- ("ok", rid, outputs as shm
         io.wait: one poll on the           descriptors) / error: on the
-          zygotes' sockets -> events        batch's reply socket, straight;
+          zygotes' sockets -> events        batch's reply pipe, straight;
                                           [("x", node, exit code)] and
                                           other answers: by the zygote
         io.cancel: control word + SIGUSR1 (through the zygote)

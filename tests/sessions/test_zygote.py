@@ -20,7 +20,7 @@ from localcluster import (Cluster, LocalHostScheduler, Node, NodeFailedError,
                           Task, TaskFailedError, TaskGroup, WorkspaceType,
                           ops)
 from localcluster.runtime import shm
-from localcluster.sessions import _bell, _handle, _node
+from localcluster.sessions import _bell, _handle
 from localcluster.sessions import _protocol as P
 
 from conftest import child_processes, kill_and_wait, running, zygote
@@ -242,7 +242,7 @@ def test_a_run_reaches_its_nodes_with_one_wake_up_and_no_zygote(
         monkeypatch):
     """A run of a kept plan is posted on the board and all its nodes are
     woken with one system call: nothing goes through the zygote either
-    way -- the answers come on the batch's reply socket."""
+    way -- the answers come on the batch's reply pipe."""
     commands = record_commands(monkeypatch)
     wakes, replies = [], []
     real_wake, real_read = _bell.wake, _handle.ZygoteLink.read_replies
@@ -287,7 +287,7 @@ def test_a_run_reaches_its_nodes_with_one_wake_up_and_no_zygote(
     # ... one wake-up of all four nodes each ...
     assert len({h.bit for h in handles}) == 4
     assert woken == [(handles[0].board.word, bits)] * 3
-    # ... and every answer of the runs on the reply socket
+    # ... and every answer of the runs on the reply pipe
     assert len(replies) == 3 * 4
     assert got == [0.0, 1.0, 2.0, 3.0]
 
@@ -354,15 +354,11 @@ def raise_a_long_error(_):
     raise ValueError("long " + "x" * 200_000)
 
 
-@pytest.mark.parametrize("refused", [False, True])
-def test_an_answer_too_big_for_the_reply_socket_comes_through_the_zygote(
-        monkeypatch, refused):
-    """A run's answer longer than a datagram of the reply socket takes
-    (an error of 200 kB) reaches the master all the same -- whether the
-    node knows it is too long, or the socket refuses it -- and the node
+def test_an_answer_too_big_for_the_reply_pipe_comes_through_the_zygote(
+        monkeypatch):
+    """A run's answer longer than one write to the reply pipe keeps whole
+    (an error of 200 kB) reaches the master all the same, and the node
     answers the next run the short way again."""
-    if refused:   # (the nodes are forked from here: they try it)
-        monkeypatch.setattr(_node, "_REPLY_MAX", 1 << 30)
     through_zygote = []
     real_read = _handle.ZygoteLink.read
 
