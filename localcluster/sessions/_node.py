@@ -17,10 +17,10 @@ master counts every request it makes of the node in the node's control
 slot, then wakes it; a request posted on the master's run board is read
 there (the slot says where) and answered on the batch's reply pipe,
 straight to the master; any other comes on the socket (and is answered
-there).  Asleep, the node wakes at the latest every `BELL_WAIT` seconds;
+there).  Asleep, the node wakes at the latest every `WORD_WAIT` seconds;
 the watcher wakes it when the master hangs up, so the main loop reads
-the socket's EOF.  Its output
-goes as frames on the pipe its batch shares (`_plumbing.FrameWriter`).
+the socket's EOF.  Its output goes as frames on the pipe its batch
+shares (`_plumbing.FrameWriter`).
 A plan the zygote was given is inherited packed and loaded at the first
 run that names it.
 
@@ -96,9 +96,9 @@ EXIT_MEMORY = 86
 EXIT_ORPHANED = 87
 #: seconds a node whose master is gone gives its run to stop by itself
 MASTER_GONE_GRACE = 0.3
-#: seconds an idle node sleeps on the run word before it looks again (a wake-up
-#: is never missed: this only bounds the wait)
-BELL_WAIT = 5.0
+#: seconds an idle node sleeps on the run word before it looks again (a
+#: wake-up is never missed: this only bounds the wait)
+WORD_WAIT = 5.0
 
 
 class NodeSpec:
@@ -339,7 +339,7 @@ class _NodeServer:
                 msg = self.requests.recv()   # EOFError once hung up
                 self.from_socket += 1
                 return msg, False
-            sleeper.sleep(seen, BELL_WAIT)
+            sleeper.sleep(seen, WORD_WAIT)
 
     def _serve(self):
         while True:
