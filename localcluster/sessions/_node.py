@@ -324,8 +324,13 @@ class _NodeServer:
         slot, run_word, sleeper = self.slot, self.run_word, self.sleeper
         while True:
             # the word first, then the counts: the master counts, then
-            # changes the word and wakes; and it counts a post before it
-            # counts the request, so a post is never taken for a socket one
+            # changes the word and wakes.  It counts a post before it
+            # counts the request, so ``asked - posts`` may fall short of
+            # the requests sent through the zygote -- even below what was
+            # read, when this node served a post before the master counted
+            # it as asked -- but never exceeds them: only more than were
+            # read means one is waiting on the socket (else the master's
+            # count, when it comes, changes the word and wakes us)
             seen = int(run_word[0])
             asked = int(slot[_bell.ASKED])
             posts = int(slot[_bell.POSTS])
@@ -335,7 +340,7 @@ class _NodeServer:
                 start = where >> 32
                 return pickle.loads(
                     self.board[start:start + (where & 0xffffffff)]), True
-            if asked - posts != self.from_socket or self.hung_up:
+            if asked - posts > self.from_socket or self.hung_up:
                 msg = self.requests.recv()   # EOFError once hung up
                 self.from_socket += 1
                 return msg, False

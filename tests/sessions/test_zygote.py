@@ -292,6 +292,46 @@ def test_a_run_reaches_its_nodes_with_one_wake_up_and_no_zygote(
     assert got == [0.0, 1.0, 2.0, 3.0]
 
 
+@pytest.mark.skipif(not _bell.AVAILABLE, reason="no futex here: runs go "
+                    "through the zygote")
+def test_a_node_served_before_its_request_is_counted_waits_for_the_next(
+        monkeypatch):
+    """The master counts a post, then the request: a node may read its
+    post, run it and answer before the request is counted -- and must
+    then sleep, not wait for a request on its socket that never comes."""
+    real_ring = _handle.Board.ring
+
+    def slow_ring(board, handles, posts=None):
+        if posts is None:
+            return real_ring(board, handles)
+        for handle, (offset, length) in zip(handles, posts):
+            words = handle.control_word
+            words[_bell.WHERE] = (offset << 32) | length
+            words[_bell.POSTS] += 1
+        bits = 0
+        for handle in handles:
+            bits |= handle.bit
+        board._word[0] += 1
+        _bell.wake(board.word, bits)
+        time.sleep(0.3)   # the nodes answer meanwhile
+        for handle in handles:
+            handle.control_word[_bell.ASKED] += 1
+        board._word[0] += 1
+        _bell.wake(board.word, bits)
+
+    monkeypatch.setattr(_handle.Board, "ring", slow_ring)
+    with TaskGroup(WorkspaceType.GLOBAL) as group:
+        with Node("quick"), Task():
+            ops.ConstantFill([], ["x"], shape=[1], value=5.0)
+    scheduler = LocalHostScheduler(nodes=["quick"])
+    try:
+        for _ in range(3):
+            scheduler.run(group, timeout=10)
+        assert float(scheduler.fetch_blob("x", "quick")[0]) == 5.0
+    finally:
+        scheduler.close()
+
+
 def test_without_futexes_every_request_goes_through_the_zygote(
         monkeypatch):
     """Where the run word cannot be used, runs go as any other request:
