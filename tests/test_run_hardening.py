@@ -811,17 +811,18 @@ OUT_OF_MEMORY_JOB = USER_JOB + textwrap.dedent('''
 
     def hungry_later(epochs=3):
         # the node (forked after this) has no memory for its 4th request
+        # (however it comes: on the run board or the node's socket)
         import os
-        from localcluster.sessions import _protocol
-        master, original, calls = os.getpid(), _protocol.Reader.recv, []
+        from localcluster.sessions import _node
+        master, original, calls = os.getpid(), _node._NodeServer._next, []
 
-        def recv(self):
+        def next_request(self):
             if os.getpid() != master:
                 calls.append(1)
                 if len(calls) == 4:
                     raise MemoryError()
             return original(self)
-        _protocol.Reader.recv = recv
+        _node._NodeServer._next = next_request
         return build(epochs)
 ''')
 

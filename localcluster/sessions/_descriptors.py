@@ -16,8 +16,8 @@ Node processes are started by a zygote per batch (`_zygote`), forked
 with this process's descriptors and limits: it holds `PER_NODE`
 descriptor for as long as a node process lives (its end of the node's
 socket) besides what it inherited, while the master holds a few per
-zygote (`PER_ZYGOTE`: its control socket, its nodes' output pipe, its
-process sentinel) and none per node, and `PER_QUEUE` for each queue
+zygote (`PER_ZYGOTE`: its control socket, its nodes' output pipe and
+reply pipe, its process sentinel) and none per node, and `PER_QUEUE` for each queue
 between node processes (its channel's two doorbells); `SPARE` covers what
 a fork holds for a moment and the files the master opens meanwhile (the
 run's history, a trace, a log).  One count covers both processes.  Counted before anything starts, a run
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 #: descriptors a zygote holds per node process it started
 PER_NODE = 1
 #: descriptors the master holds per zygote (and the zygote of its own)
-PER_ZYGOTE = 8
+PER_ZYGOTE = 10
 #: descriptors the master holds per queue between node processes
 PER_QUEUE = 2
 #: descriptors kept free for what the master opens besides

@@ -20,6 +20,7 @@ their inboxes.
 """
 
 import collections
+import ctypes
 import enum
 import logging
 import math
@@ -28,6 +29,7 @@ import os
 import pickle
 import select
 import signal
+import struct
 import sys
 import threading
 import time
@@ -36,12 +38,14 @@ import numpy as np
 
 from ..errors import NodeFailedError, RunTimeoutError
 from ..runtime import shm
+from . import _bell
 from . import _protocol as P
 from . import _zygote as Z
 from ._node import EXIT_MEMORY, NodeSpec, node_main
 from ._plumbing import MASTER_ENDS
 
-__all__ = ["NodeState", "NodeHandle", "ControlWords", "Mux", "ZygoteLink",
+__all__ = ["NodeState", "NodeHandle", "ControlWords", "Board", "Mux",
+           "ZygoteLink",
            "wait_events", "CONN", "SENTINEL", "await_ready",
            "read_goodbyes", "join_all", "START_TIMEOUT", "SHUTDOWN_STEP",
            "send_all", "send_each", "signal_all", "kill_all"]
@@ -59,6 +63,15 @@ CONN, SENTINEL = "conn", "sentinel"
 
 #: a handle's inbox ends with this once its zygote reaped the node
 DEATH = object()
+
+#: a node's answer to a request read from the board comes straight to the
+#: master on its batch's reply pipe -- one write, so whole, whichever node
+#: of the batch writes at the same time (a pipe keeps a write of at most
+#: PIPE_BUF bytes in one piece): its id in the batch and the length of the
+#: pickled message, then the message -- if that fits; a longer one goes
+#: through the zygote.  The master takes every answer waiting in one read.
+REPLY_HEAD = struct.Struct("!II")
+REPLY_MAX = select.PIPE_BUF - REPLY_HEAD.size
 
 
 class NodeState(enum.Enum):
@@ -83,7 +96,9 @@ class NodeHandle:
         self.state = NodeState.IDLE
         self.pid = None       # known once it said ready
         self.plans = collections.OrderedDict()  # mirror of the node's cache
-        self.control_word = None  # shared int64: the run id to cancel
+        self.control_word = None  # shared int64 words (`ControlWords`)
+        self.board = None   # the scheduler's `Board`, if runs go there
+        self.bit = 0        # the node's bit of the run word (`_bell`)
         self.started_at = None    # monotonic seconds: when it was started
 
     def __repr__(self):
@@ -220,10 +235,12 @@ def _memory_fix(limit):
 
 
 class ControlWords:
-    """Each node's control word (the run id to cancel), a slot of a page
-    shared by many nodes.
+    """Each node's control slot, in a page shared by many nodes: four
+    int64 words -- the run id to cancel, how many requests the master
+    made of the node (`Board.ring`), how many of them were posted on the
+    `Board`, and where the last one is (``offset << 32 | length``).
 
-    One page holds the words of 512 node starts, so the master maps one
+    One page holds the slots of 512 node starts, so the master maps one
     segment per 512 nodes, not one per node: every mapping of the master
     is copied into each node forked after it, so per-node mappings made
     start-up quadratic (and a mapping kept out of forks with
@@ -233,7 +250,11 @@ class ControlWords:
     the scheduler's prefix on close.
     """
 
-    PAGE = 4096
+    #: int64 words per node, and the index of each
+    WORDS, CANCEL, ASKED, POSTS, WHERE = (_bell.WORDS, _bell.CANCEL,
+                                          _bell.ASKED, _bell.POSTS,
+                                          _bell.WHERE)
+    SLOTS = 512
 
     def __init__(self, prefix):
         self._prefix = prefix
@@ -242,20 +263,88 @@ class ControlWords:
         self._pages = 0
 
     def take(self):
-        """``((segment, slot), word)``: where the node finds its word, and
-        the master's one-element view of it."""
-        slots = self.PAGE // 8
-        if self._page is None or self._used == slots:
+        """``((segment, slot), words)``: where the node finds its slot,
+        and the master's view of its four words."""
+        if self._page is None or self._used == self.SLOTS:
             segment, mm = shm.create_unique(
-                f"{self._prefix}{self._pages}_", self.PAGE,
+                f"{self._prefix}{self._pages}_", self.SLOTS * self.WORDS * 8,
                 what="the nodes' control words")
             self._pages += 1
-            self._page = (segment, np.ndarray(slots, np.int64, buffer=mm))
+            self._page = (segment, np.ndarray(self.SLOTS * self.WORDS,
+                                              np.int64, buffer=mm))
             self._used = 0
         segment, words = self._page
         slot = self._used
         self._used += 1
-        return (segment, slot), words[slot:slot + 1]
+        at = slot * self.WORDS
+        return (segment, slot), words[at:at + self.WORDS]
+
+
+class Board:
+    """Where the master posts a run's messages for the nodes to read, and
+    the run word they sleep on (`_bell`): one segment of the scheduler's,
+    which every node maps.  A run writes each distinct message once; a
+    node is told where its own is (its control slot), and the run's nodes
+    are woken together, with one system call.  A run's messages stay until
+    the next run: every node of a run reads its message before it
+    answers, and a run ends only once each node answered or was killed.
+    What does not fit goes through the zygote.  (256 KiB: the messages of
+    hundreds of distinct plans -- a prototype's instances share one.)"""
+
+    SIZE = 1 << 18
+    #: the run word, then the messages from here
+    HEAD = 64
+
+    def __init__(self, prefix):
+        self.segment, self._mm = shm.create_unique(
+            f"{prefix}b_", self.SIZE, what="the run board")
+        self._word = np.ndarray(1, np.int32, buffer=self._mm)
+        self.word = _bell.address_of(self._word)
+        self._address = ctypes.c_void_p(self.word)
+        self._end = self.HEAD
+        self._lock = threading.Lock()   # the counts: one writer at a time
+
+    def clear(self):
+        self._end = self.HEAD
+
+    def put(self, data):
+        """Write ``data`` (bytes) after what the run put already; its
+        offset, or None if it does not fit."""
+        start, end = self._end, self._end + len(data)
+        if end > self.SIZE:
+            return None
+        self._mm[start:end] = data
+        self._end = end
+        return start
+
+    def ring(self, handles, posts=None):
+        """Count a request in each of ``handles``' slots -- posted at
+        ``posts[i]`` ``(offset, length)`` of the board, if given, else
+        sent through its zygote -- then wake them all at once."""
+        bits = 0
+        asked, posted, where = (ControlWords.ASKED, ControlWords.POSTS,
+                                ControlWords.WHERE)
+        with self._lock:
+            for i, handle in enumerate(handles):
+                words = handle.control_word
+                if posts is not None:
+                    offset, length = posts[i]
+                    words[where] = (offset << 32) | length
+                    words[posted] += 1
+                words[asked] += 1
+                bits |= handle.bit
+            if bits:
+                self._word[0] += 1   # (the master alone writes it)
+                _bell.wake(self._address, bits)
+
+    def close(self):
+        self._word = self._mm = None   # the segment goes with the prefix
+
+
+def ring_all(handles):
+    """Wake ``handles``, sent a request through their zygote."""
+    if handles and handles[0].board is not None:
+        handles[0].board.ring(handles)
 
 
 def signal_name(exitcode):
@@ -275,12 +364,15 @@ class ZygoteLink:
     its control socket (in the scheduler's `Mux`), its process and the
     output pipe of its nodes (in the `LogPump`)."""
 
-    def __init__(self, mux, handles, process, conn, on_gone=None):
+    def __init__(self, mux, handles, process, conn, on_gone=None,
+                 replies=None):
         self.mux = mux
         self.handles = list(handles)   # by id; None once forgotten
         self.process = process
         self.pid = process.pid
         self.conn = conn
+        self.replies = replies   # the batch's reply pipe, or None
+        self._replied = bytearray()   # what was read of it: whole answers
         self.on_gone = on_gone
         self.closed = False
 
@@ -288,31 +380,49 @@ class ZygoteLink:
         return f"ZygoteLink(pid={self.pid}, nodes={len(self.handles)})"
 
     @classmethod
-    def start(cls, ctx, mux, pump, batch, handles, sinks, on_gone=None):
+    def start(cls, ctx, mux, pump, batch, handles, sinks, on_gone=None,
+              replies=False):
         """Start the zygote of ``batch`` (its nodes' ``handles`` and log
-        ``sinks``, in batch order); returns before any node is ready."""
+        ``sinks``, in batch order); returns before any node is ready.
+        ``replies``: give the batch a reply pipe (its nodes answer the
+        requests they read from the board on it)."""
         control, zygote_end = ctx.Pipe(duplex=True)
         out_r, out_w = ctx.Pipe(duplex=False)
+        ends = [control, out_r, zygote_end, out_w]
+        reply_r = reply_w = None
+        if replies:
+            try:
+                reply_r, reply_w = ctx.Pipe(duplex=False)
+            except BaseException:
+                for end in ends:
+                    end.close()
+                raise
+            os.set_blocking(reply_r.fileno(), False)
+            ends += [reply_r, reply_w]
         # A zygote forked later closes these (and this zygote its copy).
         MASTER_ENDS.update((control, out_r))
+        if reply_r is not None:
+            MASTER_ENDS.add(reply_r)
         process = ctx.Process(target=Z.zygote_main,
-                              args=(batch, zygote_end, out_w),
+                              args=(batch, zygote_end, out_w, reply_w),
                               name="lc-zygote", daemon=False)
         try:
             deferred = _start(process)
         except BaseException:
-            for end in (control, out_r, zygote_end, out_w):
+            for end in ends:
                 MASTER_ENDS.discard(end)
                 end.close()
             raise
         # only the zygote and its nodes hold these now: their EOF is real
         zygote_end.close()
         out_w.close()
+        if reply_w is not None:
+            reply_w.close()
         try:   # its own group, before the group watcher may kill it
             os.setpgid(process.pid, process.pid)
         except OSError:
             pass   # it did it first (or is no child of ours: forkserver)
-        link = cls(mux, handles, process, control, on_gone)
+        link = cls(mux, handles, process, control, on_gone, reply_r)
         now = time.monotonic()
         streams = pump.add_shared(out_r, [(h.name, s) for h, s in
                                           zip(handles, sinks)])
@@ -355,6 +465,11 @@ class ZygoteLink:
         except (EOFError, OSError):
             self.close()
             return
+        if self.replies is not None and \
+                any(kind != Z.MESSAGE for kind, _, _ in events):
+            # what a node answered on the reply pipe before it died
+            # comes before its death
+            self.read_replies()
         ready = self.mux.ready
         for kind, node_id, value in events:
             handle = self.handles[node_id]
@@ -368,11 +483,48 @@ class ZygoteLink:
                 handle.inbox.append(DEATH)
             ready[handle] = None
 
+    def read_replies(self):
+        """Take the answers waiting on the batch's reply pipe into the
+        inboxes."""
+        replies, ready = self.replies, self.mux.ready
+        if replies is None:
+            return
+        buffer = self._replied
+        try:
+            while True:
+                data = os.read(replies.fileno(), 1 << 16)
+                if not data:
+                    # every node and the zygote are gone: nothing more
+                    # comes (the control socket says the rest)
+                    self.mux.drop_replies(self)
+                    break
+                buffer += data
+                if len(data) < 1 << 16:
+                    break
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.mux.drop_replies(self)
+        at, size, head = 0, len(buffer), REPLY_HEAD.size
+        while size - at >= head:
+            node_id, length = REPLY_HEAD.unpack_from(buffer, at)
+            if size - at < head + length:
+                break   # (never: a write of an answer is whole)
+            handle = self.handles[node_id] if node_id < len(self.handles) \
+                else None
+            if handle is not None:
+                handle.inbox.append(pickle.loads(
+                    buffer[at + head:at + head + length]))
+                ready[handle] = None
+            at += head + length
+        del buffer[:at]
+
     def close(self, wait=ZYGOTE_WAIT):
         """The zygote is gone (EOF) or is told to go: reap it; a node it
         did not report is dead with it."""
         if self.closed:
             return
+        self.read_replies()   # what came before the end
         self.closed = True
         try:
             P.send(self.conn, (Z.BYE, (), None))
@@ -391,6 +543,10 @@ class ZygoteLink:
                 self.mux.ready[handle] = None
         MASTER_ENDS.discard(self.conn)
         self.conn.close()
+        if self.replies is not None:
+            MASTER_ENDS.discard(self.replies)
+            self.replies.close()
+            self.replies = None
         try:
             process.close()
         except ValueError:   # reaped by someone else: no status to close
@@ -458,14 +614,17 @@ def make_batch(ctx, specs, plans=None):
                    plans=plans)
 
 
-def node_spec(name, prefix, kwargs, control, faults=None, plan_ids=()):
+def node_spec(name, prefix, kwargs, control, faults=None, plan_ids=(),
+              board=None):
     return NodeSpec(name, prefix, kwargs, os.getpid(), pdeathsig=True,
-                    control=control, faults=faults, plan_ids=plan_ids)
+                    control=control, faults=faults, plan_ids=plan_ids,
+                    board=board)
 
 
 def send_all(handles, msg):
     """Send ``msg`` to each of ``handles``: pickled once, one command per
-    zygote; the handles whose zygote is gone (not sent)."""
+    zygote (then the nodes are woken); the handles whose zygote is gone
+    (not sent)."""
     raw = Z.frame(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
     failed = []
     for link, group in _by_link(handles).items():
@@ -475,20 +634,39 @@ def send_all(handles, msg):
             link.command(Z.SEND, [h.id for h in group], raw)
         except OSError:
             failed.extend(group)
+            continue
+        ring_all(group)
     return failed
 
 
-def send_each(sends):
-    """Send each ``(handles, msg)`` of ``sends``: each message pickled
-    once, all of a zygote's in one command (a run's requests reach a batch
-    in one write, whatever their number); the handles whose zygote is gone
-    (not sent)."""
-    by_link = {}
+def send_each(sends, board=None):
+    """Send each ``(handles, msg)`` of ``sends``; the handles whose zygote
+    is gone (not sent).  Each message is pickled once.  With a `Board`, a
+    message that fits is written there once, each of its nodes is told
+    where, and all of them are woken with one system call: none of their
+    zygotes' is on the way.  The others go through the zygotes, all of a
+    zygote's in one command (a run's requests reach a batch in one write,
+    whatever their number)."""
+    by_link, failed, posted, where = {}, [], [], []
+    if board is not None:
+        board.clear()
     for handles, msg in sends:
-        raw = Z.frame(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
+        data = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
+        offset = None if board is None else board.put(data)
+        if offset is not None:
+            for handle in handles:
+                link = handle.link
+                if link is None or link.closed:
+                    failed.append(handle)
+                else:
+                    posted.append(handle)
+                    where.append((offset, len(data)))
+            continue
+        raw = Z.frame(data)
         for link, group in _by_link(handles).items():
             by_link.setdefault(link, []).append((group, raw))
-    failed = []
+    if posted:
+        board.ring(posted, where)
     for link, pairs in by_link.items():
         try:
             if link is None:
@@ -499,6 +677,8 @@ def send_each(sends):
         except OSError:
             for group, _ in pairs:
                 failed.extend(group)
+            continue
+        ring_all([h for group, _ in pairs for h in group])
     return failed
 
 
@@ -534,6 +714,7 @@ class Mux:
     def __init__(self):
         self._poll = select.poll()
         self._links = {}
+        self._replies = {}   # reply pipe fd -> link
         self.ready = {}   # handle -> None, in arrival order
 
     def __len__(self):
@@ -546,12 +727,24 @@ class Mux:
         fd = link.conn.fileno()
         self._poll.register(fd, select.POLLIN)
         self._links[fd] = link
+        if link.replies is not None:
+            fd = link.replies.fileno()
+            self._poll.register(fd, select.POLLIN)
+            self._replies[fd] = link
 
     def remove(self, link):
         for fd, owner in list(self._links.items()):
             if owner is link:
                 self._poll.unregister(fd)
                 del self._links[fd]
+        self.drop_replies(link)
+
+    def drop_replies(self, link):
+        """Stop waiting on ``link``'s reply pipe."""
+        for fd, owner in list(self._replies.items()):
+            if owner is link:
+                self._poll.unregister(fd)
+                del self._replies[fd]
 
     def discard(self, handle):
         self.ready.pop(handle, None)
@@ -569,6 +762,10 @@ class Mux:
             return False
         ready = self._poll.poll(ms)
         for fd, _ in ready:
+            link = self._replies.get(fd)
+            if link is not None:
+                link.read_replies()
+                continue
             link = self._links.get(fd)
             if link is not None:
                 link.read()

@@ -11,8 +11,16 @@
 
 The node's socket leads to its zygote (`_zygote`), which relays every
 message unchanged to and from the master; "the master" below is the
-master behind it -- the zygote goes when the master goes.  Its output
-goes as frames on the pipe its batch shares (`_plumbing.FrameWriter`).
+master behind it -- the zygote goes when the master goes.  A run comes
+another way: the idle node sleeps on the run word (`_bell`), and the
+master counts every request it makes of the node in the node's control
+slot, then wakes it; a request posted on the master's run board is read
+there (the slot says where) and answered on the batch's reply pipe,
+straight to the master; any other comes on the socket (and is answered
+there).  Asleep, the node wakes at the latest every `WORD_WAIT` seconds;
+the watcher wakes it when the master hangs up, so the main loop reads
+the socket's EOF.  Its output goes as frames on the pipe its batch
+shares (`_plumbing.FrameWriter`).
 A plan the zygote was given is inherited packed and loaded at the first
 run that names it.
 
@@ -60,6 +68,7 @@ import os
 import pickle
 import select
 import signal
+import struct
 import threading
 
 import numpy as np
@@ -71,6 +80,7 @@ from ..runtime.channels import LocalChannel
 from ..runtime.faults import NodeFaults, die_in_process, mapped_book
 from ..runtime.host import NodeRuntime
 from ..runtime.shm_channel import ShmChannel
+from . import _bell
 from . import _protocol as P
 from ._plumbing import (MASTER_GONE_SIGNAL, Output, apply_node_options,
                         end_own_group, reset_signal_handlers,
@@ -86,16 +96,28 @@ EXIT_MEMORY = 86
 EXIT_ORPHANED = 87
 #: seconds a node whose master is gone gives its run to stop by itself
 MASTER_GONE_GRACE = 0.3
+#: seconds an idle node sleeps on the run word before it looks again (a
+#: wake-up is never missed: this only bounds the wait)
+WORD_WAIT = 5.0
 
 
 class NodeSpec:
     """What a node process needs to start (picklable for spawn)."""
 
     def __init__(self, name, prefix, kwargs, master_pid, pdeathsig,
-                 control, close_inherited=None, faults=None, plan_ids=()):
+                 control, close_inherited=None, faults=None, plan_ids=(),
+                 board=None):
         self.name = name
         self.prefix = prefix            # segment prefix of this incarnation
-        self.control = control  # (segment, slot): the int64 rid to cancel
+        #: (segment, slot): the node's control slot (`_bell`: the run id
+        #: to cancel, its requests counted, where its board requests are)
+        self.control = control
+        #: the segment of the master's run board (None: none; every
+        #: request comes on the node's socket)
+        self.board = board
+        #: (reply pipe write end, the node's id in its batch), set by its
+        #: zygote
+        self.replies = None
         self.kwargs = kwargs            # cpus, memory_limit, env
         self.master_pid = master_pid
         self.pdeathsig = pdeathsig
@@ -199,12 +221,25 @@ class _NodeServer:
                                    faults=self._faults(spec))
         segment, slot = spec.control
         self.control = shm.map_segment(segment)
-        self.control_word = np.ndarray(1, np.int64, buffer=self.control,
-                                       offset=8 * slot)
+        self.slot = np.ndarray(_bell.WORDS, np.int64, buffer=self.control,
+                               offset=8 * _bell.WORDS * slot)
+        self.control_word = self.slot[_bell.CANCEL:_bell.CANCEL + 1]
+        self.board = self.word = None
+        if spec.board is not None and spec.replies is not None:
+            self.board = shm.map_segment(spec.board, writable=True)
+            self.run_word = np.ndarray(1, np.int32, buffer=self.board)
+            self.word = _bell.address_of(self.run_word)
+            self.bit = _bell.bit_of(slot)
+            self.sleeper = _bell.Sleeper(self.word, self.bit)
+            self.hung_up = False   # the watcher saw the master hang up
+            self.reply_fd, self.node_id = spec.replies
+        self.posts = 0      # board requests read
+        self.from_socket = 0   # socket requests read
         # the cancel signal's wake-up: its handler writes, the watcher reads
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.outbox = _Outbox(spec.prefix + "out")
         self.send_lock = threading.Lock()
+        self.posted = False   # the request being served came on the board
         self.finished = threading.Event()   # the main loop ended
         signal.signal(signal.SIGUSR1, self._on_cancel_signal)
         threading.Thread(target=self._watch_master, daemon=True,
@@ -253,11 +288,18 @@ class _NodeServer:
             if master in ready:
                 break
         # The master is gone: stop the run; the main loop then sees EOF
-        # and ends.  An op that never looks at its cancellation would keep
+        # and ends (asleep on the run word, it is woken to read its socket).
+        # An op that never looks at its cancellation would keep
         # the node alive (there is no parent-death signal under forkserver,
         # or when the master's launching thread lives on), so the node
         # ends itself -- and what it started -- if the loop has not.
         self.runtime.cancel()
+        if self.word is not None:
+            self.hung_up = True
+            try:
+                _bell.wake_all(self.word)
+            except OSError:
+                pass
         if not self.finished.wait(MASTER_GONE_GRACE):
             try:
                 end_own_group()
@@ -272,10 +314,42 @@ class _NodeServer:
         finally:
             self.finished.set()
 
+    def _next(self):
+        """The next request, and whether it came from the board.  With a
+        board: asleep on the run word until the master asks -- a request
+        posted on the board, or one sent through the zygote (read from
+        the socket, which may wait for the zygote to relay it)."""
+        if self.word is None:
+            return self.requests.recv(), False
+        slot, run_word, sleeper = self.slot, self.run_word, self.sleeper
+        while True:
+            # the word first, then the counts: the master counts, then
+            # changes the word and wakes.  It counts a post before it
+            # counts the request, so ``asked - posts`` may fall short of
+            # the requests sent through the zygote -- even below what was
+            # read, when this node served a post before the master counted
+            # it as asked -- but never exceeds them: only more than were
+            # read means one is waiting on the socket (else the master's
+            # count, when it comes, changes the word and wakes us)
+            seen = int(run_word[0])
+            asked = int(slot[_bell.ASKED])
+            posts = int(slot[_bell.POSTS])
+            if posts != self.posts:
+                self.posts = posts
+                where = int(slot[_bell.WHERE])
+                start = where >> 32
+                return pickle.loads(
+                    self.board[start:start + (where & 0xffffffff)]), True
+            if asked - posts > self.from_socket or self.hung_up:
+                msg = self.requests.recv()   # EOFError once hung up
+                self.from_socket += 1
+                return msg, False
+            sleeper.sleep(seen, WORD_WAIT)
+
     def _serve(self):
         while True:
             try:
-                msg = self.requests.recv()
+                msg, self.posted = self._next()
             except (EOFError, OSError):
                 # The master is gone: so is this node, and what it started
                 # (it would live on, adopted by init).
@@ -332,6 +406,17 @@ class _NodeServer:
 
     def _send_reply(self, msg):
         try:
+            if self.posted:
+                # a request read from the board: answered straight to the
+                # master, on the batch's reply pipe, if it fits in one
+                # write that stays whole (`_handle.REPLY_MAX`)
+                data = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
+                if len(data) <= _REPLY_MAX:
+                    with self.send_lock:
+                        os.write(self.reply_fd,
+                                 _REPLY_HEAD.pack(self.node_id, len(data)) +
+                                 data)
+                    return
             self.send(msg)
         except (OSError, EOFError):
             pass  # the master is gone; the next recv sees EOF
@@ -405,6 +490,11 @@ class _NodeServer:
             return {"inline": np.array(value, copy=True)}
         return {"segment": segment, "shape": value.shape,
                 "dtype": value.dtype.str}
+
+
+#: the reply pipe's framing (`_handle.REPLY_HEAD`, `_handle.REPLY_MAX`)
+_REPLY_HEAD = struct.Struct("!II")
+_REPLY_MAX = select.PIPE_BUF - _REPLY_HEAD.size
 
 
 def _is_memory(exc):

@@ -37,6 +37,8 @@ class Prepared:
         queues of a run (`shared_queues`); a plan that cannot be sent fails
         here, before anything starts."""
         prepared = {p.node: self._one(p) for p in plans}
+        if not any(p[2] for p in prepared.values()):
+            return prepared, {}   # no queue at all: none across nodes
         shared = shared_queues(
             plans, {node: p[2] for node, p in prepared.items()},
             {node: p[3] for node, p in prepared.items()})

@@ -71,8 +71,10 @@ class ProcessRunIO(driver.RunIO):
                 self.s.last_run_trace[handle.name] = msg[2]["trace"]
             # Copied now: the node may die before the run ends, and its
             # outbox goes with it.
+            outputs = msg[2]["outputs"]
             return (driver.DONE, handle.name,
-                    self.s._reader.outputs(handle.name, msg[2]["outputs"]))
+                    self.s._reader.outputs(handle.name, outputs)
+                    if outputs else {})
         info = msg[2]
         if info["kind"] == P.MEMORY:
             return (driver.FAILED, handle.name,

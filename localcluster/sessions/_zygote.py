@@ -8,13 +8,18 @@
       one control socket                  the batch at start
         ("send", ids, bytes) ----------> written to each node's  -> requests
         ("sends", None, [(ids, bytes),   socket, unchanged
-          ...]): a run, one command
+          ...]): a run too big for the
+          board, one command
         <---- [("m", id, reply bytes),   read from the nodes'    <- replies
                ("x", id, exit code)]     sockets; deaths reaped
         ("signal"/"kill", ids, sig) ---> kill(2) / killpg(2)
       one output pipe (the LogPump)   <------------------------- every node's
         frames <= PIPE_BUF: atomic    <-- "x" once a node is      output
                                           reaped: nothing follows
+      one reply pipe                  <-- inherited by each --- answers to
+        (id, length, reply bytes):        node                   runs read
+        one write each, <= PIPE_BUF                              from the
+                                                                 run board
 
 The master starts one zygote per batch of nodes it starts together (a
 run's missing nodes, all the instances of a prototype among them): forked
@@ -26,9 +31,14 @@ every node of its batch from its one thread, and relays: the master holds
 two descriptors per zygote (its control socket and the output pipe's read
 end; a third, the process sentinel, multiprocessing's), not four per
 node, and waits on one socket per batch, not on one pipe and sentinel
-per node.  Plans the master gives a batch (a prototype's, packed once)
-are inherited by its nodes, which load them at their first run: the
-master then sends only the plan's id.
+per node.  A run does not go through the zygote: the master posts it on
+its run board and wakes the run's nodes (`_bell`), and each answers on
+the batch's reply pipe, which the zygote hands each node it forks (a
+request too big for the board, and every other request, still comes
+through the zygote, and the node is woken for it too).  Plans the
+master gives a batch (a prototype's, packed once) are inherited by its
+nodes, which load them at their first run: the master then sends only
+the plan's id.
 
 The zygote never blocks on a node or on the master: every socket of its
 is non-blocking, and what cannot be written yet waits in a buffer.  It is
@@ -122,10 +132,12 @@ class Batch:
         self.plans = plans or {}
 
 
-def zygote_main(batch, control, out_w):
+def zygote_main(batch, control, out_w, replies=None):
     """Entry point of a zygote (``control``: its end of the control
-    socket; ``out_w``: the write end of the batch's output pipe)."""
-    zygote = _Zygote(batch, control.fileno(), out_w.fileno())
+    socket; ``out_w``: the write end of the batch's output pipe;
+    ``replies``: the write end of the batch's reply pipe, or None)."""
+    zygote = _Zygote(batch, control.fileno(), out_w.fileno(),
+                     None if replies is None else replies.fileno())
     try:
         zygote.main()
     finally:
@@ -146,10 +158,11 @@ class _Child:
 
 
 class _Zygote:
-    def __init__(self, batch, control, out_w):
+    def __init__(self, batch, control, out_w, replies=None):
         self.batch = batch
         self.pid = os.getpid()
         self.control, self.out_w = control, out_w
+        self.replies = replies   # inherited by every node
         set_zygote_title(batch.master_pid)
         try:
             os.setpgid(0, 0)   # a Ctrl-C at the terminal is the master's
@@ -279,6 +292,8 @@ class _Zygote:
             spec.parent_pid = self.pid
             spec.pdeathsig = True   # forked from the zygote's one thread
             spec.forked = True
+            spec.replies = None if self.replies is None else \
+                (self.replies, node_id)
             spec.plans = {i: self.batch.plans[i] for i in
                           getattr(spec, "plan_ids", ()) if i in
                           self.batch.plans}

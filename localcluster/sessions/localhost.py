@@ -9,12 +9,15 @@
       start missing/dead nodes: one       before anything runs
         zygote per batch (_handle)  ----> forks each node  --> NodeRuntime
         with the batch's plans            (plans inherited)
-      send ("run", rid, plan id) ---- control socket ----> relayed to each
-        pickled once for all nodes       (one per zygote)   node's socket
-        of a plan, one command per zygote
-      driver.drive(state, io)       <--- [("m", node, ("ok", rid, outputs
-        io.wait: one poll on the           as shm descriptors) / error),
-          zygotes' sockets -> events        ("x", node, exit code)]
+      ("run", rid, plan id) pickled once per distinct message, written
+        on the run board (shm); each node's control slot says where,
+        and the run word changed: its nodes woken at once  --> read there
+        (too big for the board: through the zygote's control socket)
+      driver.drive(state, io)       <--- ("ok", rid, outputs as shm
+        io.wait: one poll on the           descriptors) / error: on the
+          zygotes' sockets -> events        batch's reply pipe, straight;
+                                          [("x", node, exit code)] and
+                                          other answers: by the zygote
         io.cancel: control word + SIGUSR1 (through the zygote)
         io.kill: SIGKILL the node's process group (through the zygote)
         node death (reported by its zygote) -> NodeFailedError, segments
@@ -24,8 +27,14 @@
       -> "[node] line" in the master and/or <log_dir>/<node>.log
     fetch_blob(name, node)  -> ("fetch") -> descriptor -> map segment
 
+A run reaches all its nodes with one system call (a futex wake-up on the
+run word, for the bits of its nodes, `_bell`) and none of the zygotes':
+the zygote is off the path of a run both ways.  Where a futex cannot be
+called (`_bell.AVAILABLE`), every request goes through the zygote, as
+the other requests (fetch, feed, shutdown) always do.
+
 The master holds a few descriptors per zygote and none per node: a run
-of a thousand nodes waits on one socket.  Under ``fork`` (the default) a
+of a thousand nodes waits on two sockets.  Under ``fork`` (the default) a
 zygote is forked from the master when its batch starts, so its nodes
 see the master as it is then (its imports, ``__main__``, patches); under
 ``spawn`` and ``forkserver`` the zygote is started that way and forks
@@ -61,14 +70,15 @@ from ..plan.validate import check_feedable
 from ..runtime import shm
 from ..runtime.faults import faults_of_node, shared_book
 from ..task import Cluster
+from . import _bell
 from . import _protocol as P
 from . import driver
 from ._descriptors import is_emfile, make_room, out_of_descriptors
 from ._groupwatch import GroupWatcher
-from ._handle import (SHUTDOWN_STEP, ControlWords, Mux, NodeHandle,
+from ._handle import (SHUTDOWN_STEP, Board, ControlWords, Mux, NodeHandle,
                       NodeState, ZygoteLink, await_ready, join_all, kill_all,
-                      make_batch, node_spec, read_goodbyes, send_all,
-                      send_each, wait_events)
+                      make_batch, node_spec, read_goodbyes,
+                      send_all, send_each, wait_events)
 from ._logpump import LogPump
 from ._nodelogs import NodeLogs, std_stream
 from ._plumbing import MASTER_ENDS, check_arguments, check_cpus
@@ -126,6 +136,16 @@ class LocalHostScheduler(Session):
         self._queues = QueueChannels(self._prefix)
         self._poller = Mux()    # the zygotes' control sockets
         self._controls = ControlWords(f"{self._prefix}ctl")
+        #: where a run's messages are posted for the nodes, and the word
+        #: they sleep on (`_bell`); None where futexes cannot be used: every
+        #: request goes through the zygotes
+        self._board = None
+        if _bell.AVAILABLE:
+            try:
+                self._board = Board(self._prefix)
+            except OSError as exc:   # a full /dev/shm, say: runs still go
+                log.debug("no run board (%s): runs go through the zygotes",
+                          exc)
         #: kills the node groups if this process dies (started with the
         #: first node)
         self._watcher = GroupWatcher(self._prefix, shm.SHM_DIR)
@@ -218,20 +238,25 @@ class LocalHostScheduler(Session):
             sinks.append(self._logs.get(name))  # cannot open: nothing ran
             handle = NodeHandle(name, prefix, dict(kwargs))
             control, handle.control_word = self._controls.take()
+            if self._board is not None:
+                handle.board, handle.bit = self._board, _bell.bit_of(
+                    control[1])
             plan_ids = ()
             prepared = plans.get(name)
             if prepared is not None:
                 plan_ids = (prepared[0],)
                 packed[prepared[0]] = prepared[1]
                 must_send(handle.plans, prepared[0])   # it has it now
-            specs.append(node_spec(name, prefix, handle.kwargs, control,
-                                   faults, plan_ids))
+            specs.append(node_spec(
+                name, prefix, handle.kwargs, control, faults, plan_ids,
+                None if self._board is None else self._board.segment))
             handles.append(handle)
         batch = make_batch(self._ctx, specs, packed)
         # the watcher knows the zygote from its start (it leads its own
         # group), the nodes once they said ready
         link = ZygoteLink.start(self._ctx, self._poller, self._pump, batch,
-                                handles, sinks, self._zygote_gone)
+                                handles, sinks, self._zygote_gone,
+                                replies=self._board is not None)
         self._watcher.add(link.pid)
         for handle in handles:
             self._nodes[handle.name] = handle
@@ -331,7 +356,7 @@ class LocalHostScheduler(Session):
 
     def _send_run(self, sends, state):
         """Send each ``(handles, msg)`` of ``sends`` (`send_each`)."""
-        failed = set(send_each(sends))
+        failed = set(send_each(sends, self._board))
         for handles, _ in sends:
             for handle in handles:
                 if handle in failed:
@@ -447,6 +472,8 @@ class LocalHostScheduler(Session):
             for link in self._poller.links():
                 link.close()   # its nodes are gone: it exits
             self._reader.clear()
+            if self._board is not None:
+                self._board.close()
             self._queues.close()
             self._sync_faults()
             self._fault_times = None

@@ -144,7 +144,7 @@ def const_plan():
 def test_a_runtime_in_a_bare_process_through_the_node_adapter():
     ctx = multiprocessing.get_context("fork")
     prefix = shm.session_prefix() + "bare_"
-    shm.create_segment(prefix + "ctl", 8)
+    shm.create_segment(prefix + "ctl", 8 * 4)   # one control slot
     master, node_end = ctx.Pipe(duplex=True)
     log_r, log_w = ctx.Pipe(duplex=False)
     spec = NodeSpec("solo", prefix, {}, master_pid=0, pdeathsig=False,
