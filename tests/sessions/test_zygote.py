@@ -210,16 +210,23 @@ def test_instances_started_before_get_their_plan_in_one_command(
     assert runs[0][1][3] is not None   # the plan's bytes, once
 
 
-def test_a_run_reaches_the_nodes_of_a_zygote_in_one_command(monkeypatch):
-    """Four nodes of four plans started together (one zygote): each run
-    writes each node's message once (one command to the zygote, or the
-    run board) and still reaches each node with its own plan."""
-    commands = record_commands(monkeypatch)
+def _four_plans():
+    """``(names, group)``: four nodes, each of its own plan (node i fills
+    ``x`` with i)."""
     names = [f"worker_{i}" for i in range(4)]
     with TaskGroup(WorkspaceType.GLOBAL) as group:
         for i, name in enumerate(names):
             with Node(name), Task():
                 ops.ConstantFill([], ["x"], shape=[1], value=float(i))
+    return names, group
+
+
+def test_a_run_reaches_the_nodes_of_a_zygote_in_one_command(monkeypatch):
+    """Four nodes of four plans started together (one zygote): each run
+    writes each node's message once (one command to the zygote, or the
+    run board) and still reaches each node with its own plan."""
+    commands = record_commands(monkeypatch)
+    names, group = _four_plans()
     scheduler = LocalHostScheduler(nodes=names)
     try:
         del commands[:]
@@ -257,11 +264,7 @@ def test_a_run_reaches_its_nodes_with_one_wake_up_and_no_zygote(
                        if len(h.inbox) > n)
 
     monkeypatch.setattr(_handle.ZygoteLink, "read_replies", read_replies)
-    names = [f"worker_{i}" for i in range(4)]
-    with TaskGroup(WorkspaceType.GLOBAL) as group:
-        for i, name in enumerate(names):
-            with Node(name), Task():
-                ops.ConstantFill([], ["x"], shape=[1], value=float(i))
+    names, group = _four_plans()
     scheduler = LocalHostScheduler(nodes=names)
     try:
         scheduler.run(group)
