@@ -9,7 +9,7 @@ a request in each node's control slot (`_handle.ControlWords`), adds one
 to the word and wakes the bits of the nodes it asked (`wake`): a node
 not asked sleeps on, unless it shares a bit with one that is (32 bits for
 any number of nodes: it then looks at its slot, finds nothing, and sleeps
-again).  ``sleep`` returns once the word is no longer the value the
+again).  `Sleeper.sleep` returns once the word is no longer the value the
 caller saw, it is woken, a signal comes, or ``timeout`` seconds pass --
 never later.  ``wake_all`` adds one atomically and wakes every sleeper (a
 node whose master hung up wakes itself so).  Where futexes cannot be
@@ -24,7 +24,7 @@ import platform
 import time
 
 __all__ = ["AVAILABLE", "address_of", "bit_of", "wake", "wake_all",
-           "sleep", "Sleeper", "WORDS", "CANCEL", "ASKED", "POSTS", "WHERE"]
+           "Sleeper", "WORDS", "CANCEL", "ASKED", "POSTS", "WHERE"]
 
 #: a node's control slot (`_handle.ControlWords`): int64 words -- the run
 #: id to cancel, how many requests the master made of the node, how many
@@ -100,16 +100,11 @@ def wake_all(address):
           ctypes.c_void_p(address), _ADD_ONE)
 
 
-def sleep(address, seen, bit, timeout):
-    """Sleep while the 32-bit word at ``address`` holds ``seen`` (its
-    value as a signed 32-bit int) until a wake-up for ``bit`` --
-    ``timeout`` seconds at most."""
-    Sleeper(address, bit).sleep(seen, timeout)
-
-
 class Sleeper:
-    """`sleep` on one word for one bit, its arguments made once (a node
-    sleeps after every request)."""
+    """A sleep on one word for one bit, its arguments made once (a node
+    sleeps after every request): `sleep` while the 32-bit word holds
+    ``seen`` (its value as a signed 32-bit int) until a wake-up for the
+    bit -- ``timeout`` seconds at most."""
 
     def __init__(self, address, bit):
         self._address = ctypes.c_void_p(address)
