@@ -183,7 +183,7 @@ class FreshProcesses:
             for value in arrays.values():
                 if _comparable(value) and not any(
                         _key(k) == _key(value) and
-                        k.tobytes() == value.tobytes()
+                        _same_bytes(value, k.reshape(-1).view(np.uint8))
                         for k in self._known + new):
                     new.append(value.copy())   # kept as it is now
         if not new:
