@@ -399,18 +399,22 @@ def test_a_reader_waiting_for_a_batch_takes_what_came_after_a_while(
             assert writer.put((np.array([i]),))
         _, _, done = reader.get_available(parts.capacity)
         done()
-        thread, got = _read_in_thread(reader, parts.capacity, True, cancel)
-        _asleep(reader)
-        assert writer.put((np.array([3]),))
-        thread.join(20)
-        assert not thread.is_alive() and got == [3]
+
+        def read_what_one_put_brings(value):
+            """What a bulk read asleep on the queue got once ``value``
+            was put; the thread has ended."""
+            thread, got = _read_in_thread(reader, parts.capacity, True,
+                                          cancel)
+            _asleep(reader)
+            assert writer.put((np.array([value]),))
+            thread.join(20)
+            assert not thread.is_alive()
+            return got
+
+        assert read_what_one_put_brings(3) == [3]
         assert rings.count(writer._full) == 0
         # and the next read, having found one record, waits for the first
-        thread, got = _read_in_thread(reader, parts.capacity, True, cancel)
-        _asleep(reader)
-        assert writer.put((np.array([4]),))
-        thread.join(20)
-        assert not thread.is_alive() and got == [4]
+        assert read_what_one_put_brings(4) == [4]
         assert rings.count(writer._full) == 1
 
 
@@ -795,6 +799,16 @@ def _values(records):
     return [int(r[0][0]) for r in records]
 
 
+def _read_to_the_end(channel):
+    """The values a closed ``channel`` still holds, read one at a time."""
+    got = []
+    while True:
+        records, finished, _ = channel.get(1)
+        if finished:
+            return got
+        got += _values(records)
+
+
 def test_a_bulk_read_takes_every_queued_record_in_one_call(parts):
     for channel in (ShmChannel(parts.desc), _local_channel(8)):
         try:
@@ -881,12 +895,7 @@ def test_bulk_reads_give_the_records_one_record_reads_give(steps):
             got += _values(records)
             queued -= len(records)
     channel.close()
-    while True:
-        records, finished, _ = channel.get(1)
-        if finished:
-            break
-        got += _values(records)
-    assert got == expected
+    assert got + _read_to_the_end(channel) == expected
 
 
 class _OneAtATime:
@@ -988,13 +997,7 @@ def test_drops_and_bulk_reads_leave_the_records_single_reads_would(steps):
                                                      False)
             del model[:value]
     channel.close()
-    got = []
-    while True:
-        records, finished, _ = channel.get(1)
-        if finished:
-            break
-        got += _values(records)
-    assert got == model
+    assert _read_to_the_end(channel) == model
 
 
 def _enqueue_net():
